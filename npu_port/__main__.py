@@ -1,0 +1,7 @@
+"""``python -m npu_port`` is the ``npu-port`` command."""
+
+import sys
+
+from .cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,43 @@
+"""``npu_port.attention``: one call with SDPA's semantics, many kernels behind it."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+from torch import Tensor
+
+from .call import AttentionCall
+from .kernels.base import Kernel
+from .select import resolve_kernel
+
+
+def attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Optional[Tensor] = None,
+    *,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    kernel: Union[None, str, Kernel] = None,
+) -> Tensor:
+    """Scaled dot-product attention with exactly the semantics of ``torch.nn.functional.scaled_dot_product_attention``.
+
+    Layout ``(..., heads, seq_len, head_dim)``; a bool ``attn_mask`` is True where a key takes part, a float one is
+    added to the scaled scores, and masks broadcast from the right; ``is_causal`` is top-left aligned and combines
+    with a mask; ``enable_gqa`` shares key/value heads across query heads. One addition: a query row whose keys are
+    all masked gives zeros, never NaN, on every kernel and in every dtype (an additive value at or below
+    ``npu_port.masks.MASKED_AT_OR_BELOW`` counts as masked, like ``-inf``).
+
+    ``kernel``: a kernel name (see :func:`npu_port.kernels`), a configured kernel (``get_kernel("chunked",
+    max_bytes=...)``), or None for the active choice. A named kernel that cannot run the call raises
+    :class:`~npu_port.errors.KernelUnavailableError` with its reasons and the kernels that can; it never falls
+    back silently.
+    """
+    call = AttentionCall.from_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    chosen = resolve_kernel(kernel, call)
+    if call.is_empty:
+        return call.empty_output()
+    return call.restore_shape(chosen.run(call))

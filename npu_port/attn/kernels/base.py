@@ -1,0 +1,184 @@
+"""What every attention kernel declares, and the checks they all share.
+
+Capabilities are class data (devices, dtypes, head-dim limit, dropout, gradients, float masks), checked here once,
+as xformers' ``AttentionOpBase`` does; a kernel module adds only what is special to it in ``call_reasons``. A kernel
+can be configured (``ChunkedKernel(max_bytes=...)``): options are declared with a default, a check and a doc line,
+and a wrong name or value fails with the valid choices.
+
+Reason codes used by the built-in kernels: ``package-missing``, ``package-broken``, ``no-device``, ``device``,
+``dtype``, ``head-dim``, ``heads``, ``shape``, ``mask``, ``causal``, ``dropout``, ``grad``, ``budget``, ``backend``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..._optional import PackageStatus, probe
+from ...errors import KernelOptionError
+from ...reasons import Reason
+from ..call import AttentionCall
+
+FLOAT_DTYPES: Tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def dtype_names(dtypes) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A kernel option: its default, a check that returns the normalised value (or raises), and a doc line."""
+
+    default: Any
+    check: Callable[[Any], Any]
+    doc: str
+
+
+class Kernel:
+    """Base class of attention kernels: declared capabilities, shared reasons, options.
+
+    Subclasses set the class attributes and implement :meth:`run`; they may add :meth:`call_reasons` and
+    :meth:`device_reasons`. ``reasons(call)`` must stay cheap and must never synchronise with the device: it runs
+    for every call that selects a kernel.
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    #: optional module the kernel needs (probed lazily; "installed but broken" counts as missing)
+    package: ClassVar[Optional[str]] = None
+    #: device types the kernel serves (None = any)
+    device_types: ClassVar[Optional[Tuple[str, ...]]] = None
+    dtypes: ClassVar[Tuple[torch.dtype, ...]] = FLOAT_DTYPES
+    max_head_dim: ClassVar[Optional[int]] = None
+    supports_dropout: ClassVar[bool] = True
+    supports_grad: ClassVar[bool] = True
+    #: whether additive float masks (biases) can be expressed; bool masks are always taken
+    supports_float_mask: ClassVar[bool] = True
+    OPTIONS: ClassVar[Mapping[str, Option]] = {}
+
+    def __init__(self, **options: Any) -> None:
+        unknown = sorted(set(options) - set(self.OPTIONS))
+        if unknown:
+            valid = ", ".join(self.OPTIONS) or "none"
+            raise KernelOptionError(f"kernel {self.name!r} has no option {unknown[0]!r}; valid options: {valid}")
+        values: Dict[str, Any] = {}
+        for key, option in self.OPTIONS.items():
+            values[key] = option.check(options[key]) if key in options else option.default
+        self._options = values
+
+    @property
+    def options(self) -> Dict[str, Any]:
+        return dict(self._options)
+
+    # ---- availability on this machine -------------------------------------------------------------------------
+
+    def package_status(self) -> Optional[PackageStatus]:
+        return probe(self.package) if self.package else None
+
+    def device_reasons(self) -> List[Reason]:
+        """Reasons the machine has no device this kernel serves (only for kernels bound to one device kind)."""
+        return []
+
+    def availability(self) -> List[Reason]:
+        """Why the kernel cannot run anything on this machine (missing package, missing device); empty = available."""
+        status = self.package_status()
+        if status is not None and not status.ok:
+            return [status.reason]
+        return self.device_reasons()
+
+    def available(self) -> bool:
+        return not self.availability()
+
+    # ---- one call -----------------------------------------------------------------------------------------------
+
+    def reasons(self, call: AttentionCall) -> List[Reason]:
+        """Every reason this kernel cannot run ``call``; an empty list means it can."""
+        status = self.package_status()
+        if status is not None and not status.ok:
+            return [status.reason]
+        found: List[Reason] = []
+        if self.device_types is not None and call.device.type not in self.device_types:
+            found.append(
+                Reason(
+                    "device",
+                    f"tensors are on {call.device.type}; {self.name} runs on {'/'.join(self.device_types)} tensors only",
+                )
+            )
+        if call.dtype not in self.dtypes:
+            found.append(
+                Reason(
+                    "dtype",
+                    f"dtype {dtype_names([call.dtype])} is not supported by {self.name} "
+                    f"(supported: {dtype_names(self.dtypes)})",
+                )
+            )
+        if self.max_head_dim is not None and max(call.head_dim, call.value_dim) > self.max_head_dim:
+            found.append(
+                Reason(
+                    "head-dim",
+                    f"head_dim {max(call.head_dim, call.value_dim)} > {self.max_head_dim} ({self.name} limit)",
+                )
+            )
+        if call.dropout_p > 0 and not self.supports_dropout:
+            found.append(
+                Reason(
+                    "dropout",
+                    f"dropout_p={call.dropout_p:g} but {self.name} applies no dropout; pass dropout_p=0.0 at "
+                    "inference (dropout_p=p if training else 0.0) or use a kernel that supports it",
+                )
+            )
+        if call.needs_grad and not self.supports_grad:
+            found.append(
+                Reason(
+                    "grad",
+                    f"gradients are required but {self.name} has no backward (inference only); run under "
+                    "torch.no_grad() or use a training kernel",
+                )
+            )
+        if call.mask is not None and call.mask.bias is not None and not self.supports_float_mask:
+            found.append(
+                Reason(
+                    "mask",
+                    f"additive float mask: {self.name} takes only bool masks, and a float mask may carry a bias "
+                    "that a bool mask cannot express; pass a bool keep-mask, or convert a pure 0/-inf mask with "
+                    "npu_port.masks.keep_from_additive(mask)",
+                )
+            )
+        found.extend(self.call_reasons(call))
+        return found
+
+    def call_reasons(self, call: AttentionCall) -> List[Reason]:
+        """Kernel-specific reasons beyond the declared capabilities."""
+        return []
+
+    def run(self, call: AttentionCall) -> Tensor:
+        """Compute attention for a call whose ``reasons`` are empty; returns ``(B, Hq, Sq, Dv)``."""
+        raise NotImplementedError
+
+    # ---- presentation -------------------------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self._options.items() if v != self.OPTIONS[k].default}
+        args = ", ".join(f"{k}={v!r}" for k, v in changed.items())
+        return f"{type(self).__name__}({args})"
+
+
+def zero_fully_masked_rows(out: Tensor, row_has_key: Optional[Tensor]) -> Tensor:
+    """Rows whose keys are all masked become exact zeros (our contract), whatever the backend returned there."""
+    if row_has_key is None:
+        return out
+    return out.masked_fill(~row_has_key, 0.0)
+
+
+def unmask_empty_rows(keep: Tensor) -> Tuple[Tensor, Tensor]:
+    """Return ``(safe_keep, row_has_key)``: rows with no key get all keys back so fused kernels never see an empty
+    softmax (which gives NaN on several backends, also in the backward); callers zero those rows afterwards.
+
+    This is transformers' ``_unmask_unattended`` idea done without a host sync.
+    """
+    row_has_key = keep.any(dim=-1, keepdim=True)
+    return keep | ~row_has_key, row_has_key

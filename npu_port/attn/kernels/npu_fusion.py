@@ -1,0 +1,70 @@
+"""``npu_fusion``: Ascend's ``torch_npu.npu_fusion_attention`` (FlashAttentionScore), the op with a backward.
+
+Layout BNSD passes straight through (no transposes); grouped-query attention is native; dropout becomes
+``keep_prob``; causal goes through the compressed mask and ``sparse_mode=2`` instead of being dropped, as diffusers'
+``_native_npu`` backend drops it. Docs: float16, bfloat16 and float32; head_dim 1..768 with Dk >= Dv; up to 256
+query heads; batch up to 2M; sequences up to 1M.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+from torch import Tensor
+
+from ...reasons import Reason
+from ..call import AttentionCall
+from ..registry import register_kernel
+from . import _ascend
+from .base import Kernel, zero_fully_masked_rows
+
+
+@register_kernel
+class NpuFusionKernel(Kernel):
+    """torch_npu.npu_fusion_attention (training + inference) with SDPA semantics."""
+
+    name = "npu_fusion"
+    summary = "Ascend torch_npu.npu_fusion_attention (FlashAttentionScore; has a backward)"
+    package = _ascend.PACKAGE
+    device_types = ("npu",)
+    dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    max_head_dim = 768
+    supports_float_mask = False
+
+    def device_reasons(self) -> List[Reason]:
+        return _ascend.npu_device_reasons()
+
+    def call_reasons(self, call: AttentionCall) -> List[Reason]:
+        found = _ascend.limit_reasons(
+            call, "npu_fusion_attention", max_heads=256, max_group=None, max_batch=2 * 1024 * 1024, max_seq=1024 * 1024
+        )
+        if call.value_dim > call.head_dim:
+            found.append(
+                Reason(
+                    "head-dim",
+                    f"value head_dim {call.value_dim} > key head_dim {call.head_dim} "
+                    "(npu_fusion_attention needs Dk >= Dv)",
+                )
+            )
+        if call.dropout_p >= 1.0:
+            found.append(Reason("dropout", "dropout_p=1 would be keep_prob=0; npu_fusion_attention needs keep_prob in (0, 1]"))
+        return found
+
+    def run(self, call: AttentionCall) -> Tensor:
+        torch_npu = self.package_status().module
+        atten_mask, row_has_key, sparse_mode = _ascend.ascend_mask(call, per_head=True)
+        outputs = torch_npu.npu_fusion_attention(
+            call.query.contiguous(),
+            call.key.contiguous(),
+            call.value.contiguous(),
+            head_num=call.heads,
+            input_layout="BNSD",
+            atten_mask=atten_mask,
+            scale=call.scale,
+            keep_prob=1.0 - call.dropout_p,
+            pre_tockens=_ascend.NO_BAND_LIMIT,
+            next_tockens=_ascend.NO_BAND_LIMIT,
+            sparse_mode=sparse_mode,
+        )
+        return zero_fully_masked_rows(outputs[0], row_has_key)

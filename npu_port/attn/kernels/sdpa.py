@@ -1,0 +1,175 @@
+"""``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``, guarded against its NaN cases.
+
+SDPA picks a fused backend per call (flash, memory-efficient, cuDNN, math); several of them have returned NaN for a
+query row whose keys are all masked (pytorch#103749, #109517; unsloth PR #9848 on B200 with torch 2.13). So before
+calling it, rows with no key get all keys back and afterwards those rows are set to zero: the same answer on every
+backend, finite gradients, no host synchronisation. Backends can be pinned with the ``backends`` option, through
+``torch.nn.attention.sdpa_kernel`` — never the deprecated ``torch.backends.cuda.sdp_kernel``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ...errors import KernelOptionError, KernelRuntimeError
+from ...reasons import Reason
+from ..call import AttentionCall
+from ..registry import register_kernel
+from .base import Kernel, Option, unmask_empty_rows, zero_fully_masked_rows
+
+#: Our backend names -> ``torch.nn.attention.SDPBackend`` member names.
+BACKENDS = {
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+    "math": "MATH",
+    "overrideable": "OVERRIDEABLE",
+}
+
+
+def _torch_version() -> Tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def _check_backends(value: Any) -> Optional[Tuple[str, ...]]:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    try:
+        names = tuple(value)
+    except TypeError:
+        raise KernelOptionError(f"option backends must be a list of names, got {value!r}") from None
+    bad = [n for n in names if n not in BACKENDS]
+    if bad or not names:
+        raise KernelOptionError(
+            f"unknown SDPA backend {bad[0] if bad else '(empty list)'!r}; valid backends: {', '.join(BACKENDS)}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def _sdpa_context(backends: Optional[Tuple[str, ...]]):
+    if backends is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, BACKENDS[b]) for b in backends])
+
+
+def _supports_enable_gqa() -> bool:
+    return _torch_version() >= (2, 5)
+
+
+def sdpa_mask(call: AttentionCall) -> Tuple[Optional[Tensor], Optional[Tensor], bool]:
+    """The mask to hand to SDPA, the rows to zero afterwards, and whether to pass ``is_causal``.
+
+    Without a mask, causality stays SDPA's ``is_causal`` (so fused kernels can use it). With a mask, causality is
+    folded into it, empty rows are unmasked, and a float mask keeps its bias with ``-inf`` where masked.
+    """
+    if call.mask is None:
+        return None, None, call.is_causal
+    keep = call.keep_mask()
+    safe_keep, row_has_key = unmask_empty_rows(keep)
+    if call.mask.bias is None:
+        return safe_keep, row_has_key, False
+    bias = call.mask.bias.to(call.dtype)
+    bias = bias.masked_fill(~keep, float("-inf")).masked_fill(~row_has_key, 0.0)
+    return bias, row_has_key, False
+
+
+@register_kernel
+class SdpaKernel(Kernel):
+    """torch's scaled_dot_product_attention with fully-masked rows made safe; optional backend pinning."""
+
+    name = "sdpa"
+    summary = "torch.nn.functional.scaled_dot_product_attention (fused backends picked by torch), NaN-safe"
+    OPTIONS = {
+        "backends": Option(
+            None,
+            _check_backends,
+            "pin SDPA to these backends via torch.nn.attention.sdpa_kernel: " + ", ".join(BACKENDS),
+        ),
+    }
+
+    def call_reasons(self, call: AttentionCall) -> List[Reason]:
+        backends = self._options["backends"]
+        if backends is None:
+            return []
+        if _torch_version() < (2, 3):
+            return [Reason("backend", f"pinning SDPA backends needs torch >= 2.3 (torch.nn.attention); found {torch.__version__}")]
+        return self._pinned_backend_reasons(call, backends)
+
+    def _pinned_backend_reasons(self, call: AttentionCall, backends: Tuple[str, ...]) -> List[Reason]:
+        """Predict whether any pinned backend accepts the call, using torch's own checks where torch exposes them."""
+        if "math" in backends or "overrideable" in backends:
+            return []
+        problems: List[str] = []
+        for backend in backends:
+            problem = self._backend_problem(call, backend)
+            if problem is None:
+                return []
+            problems.append(f"{backend}: {problem}")
+        return [Reason("backend", f"none of the pinned SDPA backends can run this call ({'; '.join(problems)})")]
+
+    @staticmethod
+    def _backend_problem(call: AttentionCall, backend: str) -> Optional[str]:
+        if call.device.type == "cpu":
+            if backend != "flash":
+                return "not available on cpu"
+            if call.dropout_p > 0:
+                return "the cpu flash kernel does not support dropout"
+            return None
+        if call.device.type != "cuda":
+            return None  # other devices (npu, xpu, mps) decide at run time; failures are reported then
+        checks = {
+            "flash": "can_use_flash_attention",
+            "efficient": "can_use_efficient_attention",
+            "cudnn": "can_use_cudnn_attention",
+        }
+        check = getattr(torch.backends.cuda, checks[backend], None)
+        params_cls = getattr(torch.backends.cuda, "SDPAParams", None)
+        if check is None or params_cls is None:
+            return None
+        mask, _, is_causal = sdpa_mask(call) if call.mask is not None else (None, None, call.is_causal)
+        try:
+            params = params_cls(call.query, call.key, call.value, mask, call.dropout_p, is_causal, call.enable_gqa)
+            return None if check(params, False) else "torch's support check refuses these inputs"
+        except (TypeError, RuntimeError):
+            return None
+
+    def run(self, call: AttentionCall) -> Tensor:
+        mask, row_has_key, is_causal = sdpa_mask(call)
+        key, value, gqa = call.key, call.value, call.group > 1
+        kwargs = {}
+        if gqa and _supports_enable_gqa():
+            kwargs["enable_gqa"] = True
+        elif gqa:  # torch < 2.5: share heads by expanding key/value
+            key = key.repeat_interleave(call.group, dim=1)
+            value = value.repeat_interleave(call.group, dim=1)
+        try:
+            with _sdpa_context(self._options["backends"]):
+                out = F.scaled_dot_product_attention(
+                    call.query,
+                    key,
+                    value,
+                    attn_mask=mask,
+                    dropout_p=call.dropout_p,
+                    is_causal=is_causal,
+                    scale=call.scale,
+                    **kwargs,
+                )
+        except RuntimeError as exc:
+            if self._options["backends"] is None:
+                raise
+            raise KernelRuntimeError(
+                f"SDPA pinned to {', '.join(self._options['backends'])} could not run this call "
+                f"({call.describe()}): {str(exc).strip().splitlines()[0]}; allow more backends (e.g. add 'math') "
+                "or use the chunked kernel"
+            ) from exc
+        return zero_fully_masked_rows(out, row_has_key)

@@ -1,0 +1,67 @@
+"""Errors npu-port raises on purpose.
+
+Every error names the problem and the valid choices, so a user never has to read a traceback from deep inside
+torch. The attention errors carry their reasons as data (``.reasons``) so the CLI, ``auto`` and tests can show or
+check them without parsing text.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence
+
+
+class NpuPortError(Exception):
+    """Base class of the errors npu-port raises deliberately."""
+
+
+class AttentionInputError(NpuPortError, ValueError):
+    """The arguments of an attention call are invalid whatever kernel runs it (shapes, dtypes, mask form)."""
+
+
+class UnknownKernelError(NpuPortError, ValueError):
+    """A kernel name that is not registered."""
+
+    def __init__(self, name: str, valid: Sequence[str]):
+        self.name = name
+        self.valid = list(valid)
+        super().__init__(f"unknown attention kernel {name!r}; valid kernels: {', '.join(self.valid)}")
+
+
+class KernelOptionError(NpuPortError, ValueError):
+    """A kernel option that does not exist or has a value the kernel cannot use."""
+
+
+class KernelUnavailableError(NpuPortError, RuntimeError):
+    """A kernel that was asked for by name cannot run this call.
+
+    ``reasons`` lists why (each a :class:`~npu_port.reasons.Reason`); ``runnable`` names the registered
+    kernels that could run the same call, so the message always points somewhere.
+    """
+
+    def __init__(self, kernel: str, call_description: str, reasons: Sequence[str], runnable: Sequence[str]):
+        self.kernel = kernel
+        self.reasons: List[str] = list(reasons)
+        self.runnable: List[str] = list(runnable)
+        lines = [f"attention kernel {kernel!r} cannot run this call ({call_description}):"]
+        lines += [f"  - {reason}" for reason in self.reasons]
+        if self.runnable:
+            lines.append(f"kernels that can run it: {', '.join(self.runnable)}")
+        else:
+            lines.append("no registered kernel can run it")
+        super().__init__("\n".join(lines))
+
+
+class NoKernelError(NpuPortError, RuntimeError):
+    """No kernel in the order being tried can run the call; every kernel's reasons are listed, xformers-style."""
+
+    def __init__(self, call_description: str, reasons: Dict[str, Sequence[str]]):
+        self.reasons: Dict[str, List[str]] = {name: list(r) for name, r in reasons.items()}
+        lines = [f"no attention kernel can run this call ({call_description}):"]
+        for name, kernel_reasons in self.reasons.items():
+            lines.append(f"  {name}:")
+            lines += [f"    - {reason}" for reason in kernel_reasons]
+        super().__init__("\n".join(lines))
+
+
+class KernelRuntimeError(NpuPortError, RuntimeError):
+    """A kernel accepted a call but its backend failed; the message says which kernel and what to try instead."""
