@@ -26,15 +26,24 @@ def fold_kv(tensor: Tensor) -> Tensor:
     return tensor.reshape(batch * heads, length, dim)
 
 
-def scaled_scores(query3: Tensor, key3: Tensor, scale: float, dtype: Optional[torch.dtype] = None) -> Tensor:
+def scaled_scores(
+    query3: Tensor,
+    key3: Tensor,
+    scale: float,
+    dtype: Optional[torch.dtype] = None,
+    out: Optional[Tensor] = None,
+) -> Tensor:
     """``scale * query @ key^T`` as ``baddbmm(beta=0, alpha=scale)``: the formulation legacy code uses.
 
     Scaling inside the product keeps float16 scores finite where ``(q @ k^T) * scale`` overflows. The ignored
-    ``input`` is a 0-d tensor broadcast by ``baddbmm``, so no second score-sized buffer is allocated.
+    ``input`` is a 0-d tensor broadcast by ``baddbmm``, so no second score-sized buffer is allocated. ``out`` lets a
+    caller reuse one buffer across blocks (fresh large host allocations cost page faults on every block).
     """
     if dtype is not None and query3.dtype != dtype:
         query3, key3 = query3.to(dtype), key3.to(dtype)
     empty = torch.empty((), dtype=query3.dtype, device=query3.device)
+    if out is not None:
+        return torch.baddbmm(empty, query3, key3.transpose(1, 2), beta=0, alpha=scale, out=out)
     return torch.baddbmm(empty, query3, key3.transpose(1, 2), beta=0, alpha=scale)
 
 

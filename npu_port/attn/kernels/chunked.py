@@ -210,6 +210,7 @@ class _Blocks:
         self.value3 = fold_kv(call.value).to(product)
         self.bias = call.mask.bias if call.mask is not None else None
         self.keep = call.mask.keep if call.mask is not None else None
+        self._buffer: Optional[Tensor] = None  # score buffer reused by every block when autograd is off
 
     def query_block(self, query: Tensor, start: int, bias: Optional[Tensor]) -> Tensor:
         """Attention of one block of queries against all the keys it can see (``bias`` passed for checkpoint)."""
@@ -233,7 +234,15 @@ class _Blocks:
 
     def _scores(self, query3: Tensor, k0: int, k1: int) -> Tensor:
         call = self.call
-        return unfold_scores(scaled_scores(query3, self.key3[:, k0:k1], call.scale), call.batch, call.heads)
+        out = None
+        if not call.needs_grad:
+            size = query3.shape[0] * query3.shape[1] * (k1 - k0)
+            if self._buffer is None:
+                capacity = call.batch * call.heads * self.plan.query_block * min(self.plan.key_block, call.key_len)
+                self._buffer = torch.empty(capacity, dtype=self.product, device=call.device)
+            out = self._buffer[:size].view(query3.shape[0], query3.shape[1], k1 - k0)
+        scores3 = scaled_scores(query3, self.key3[:, k0:k1], call.scale, out=out)
+        return unfold_scores(scores3, call.batch, call.heads)
 
     def _apply(self, probs: Tensor, k0: int, k1: int) -> Tensor:
         call = self.call
@@ -257,6 +266,7 @@ class _Blocks:
         exact without them.
         """
         call, compute = self.call, self.compute
+        inplace = not call.needs_grad  # the block's buffers are ours alone when autograd is off
         rows = stop - start
         run_max = torch.full((call.batch, call.heads, rows, 1), float("-inf"), dtype=compute, device=call.device)
         run_sum = torch.zeros((call.batch, call.heads, rows, 1), dtype=compute, device=call.device)
@@ -266,14 +276,18 @@ class _Blocks:
             bias_block, keep_block = self._masks(bias, start, stop, k0, k1)
             scores = self._scores(query3, k0, k1).to(compute)
             if bias_block is not None:
-                scores = scores + bias_block.to(compute)
+                bias_block = bias_block.to(compute)
+                scores = scores.add_(bias_block) if inplace else scores + bias_block
             if keep_block is not None:
-                scores = scores.masked_fill(~keep_block, float("-inf"))
+                masked = ~keep_block
+                scores = scores.masked_fill_(masked, float("-inf")) if inplace else scores.masked_fill(masked, float("-inf"))
             block_max = scores.amax(dim=-1, keepdim=True).detach()  # -inf where the block has no key for a row
-            probs = torch.exp(scores - _finite_or_zero(block_max))
+            shift = _finite_or_zero(block_max)
+            probs = scores.sub_(shift).exp_() if inplace else torch.exp(scores - shift)
             del scores
             block_sum = probs.sum(dim=-1, keepdim=True)
-            probs = probs / torch.where(block_sum > 0, block_sum, torch.ones_like(block_sum))
+            divisor = torch.where(block_sum > 0, block_sum, torch.ones_like(block_sum))
+            probs = probs.div_(divisor) if inplace else probs / divisor
             block_out = self._apply(probs, k0, k1).to(compute)
             del probs
             new_max = torch.maximum(run_max, block_max)
