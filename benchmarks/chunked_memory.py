@@ -51,7 +51,8 @@ def legacy(q, k, v):
     # the hand-written formulation ported projects use: scores and probabilities both materialised
     b, h, s, d = q.shape
     q3, k3, v3 = q.reshape(b * h, s, d), k.reshape(b * h, s, d), v.reshape(b * h, s, d)
-    scores = torch.baddbmm(torch.empty(b * h, s, s, device=q.device, dtype=q.dtype), q3, k3.transpose(1, 2), beta=0, alpha=d ** -0.5)
+    empty = torch.empty(b * h, s, s, device=q.device, dtype=q.dtype)
+    scores = torch.baddbmm(empty, q3, k3.transpose(1, 2), beta=0, alpha=d ** -0.5)
     probs = scores.softmax(dim=-1)
     return torch.bmm(probs, v3).reshape(b, h, s, d)
 
@@ -138,7 +139,11 @@ def main() -> int:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, npu, xpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    parser.add_argument("--kernels", default="sdpa,chunked,chunked@64MiB,math", help="comma list; name@NMiB sets max_bytes; 'legacy' = baddbmm+softmax+bmm")
+    parser.add_argument(
+        "--kernels",
+        default="sdpa,chunked,chunked@64MiB,math",
+        help="comma list; name@NMiB sets max_bytes; 'legacy' = baddbmm+softmax+bmm",
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
 

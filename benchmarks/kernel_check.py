@@ -14,6 +14,7 @@ in float64 on the CPU, whether any NaN appeared, and the median time of a few sy
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -83,8 +84,12 @@ def check(device: torch.device, dtypes: List[torch.dtype], repeats: int) -> List
             kwargs = dict(is_causal=causal, enable_gqa=gqa)
             with torch.no_grad():
                 reference = npu_port.attention(
-                    query.cpu().double(), key.cpu().double(), value.cpu().double(),
-                    mask.cpu() if mask is not None else None, kernel="math", **kwargs
+                    query.cpu().double(),
+                    key.cpu().double(),
+                    value.cpu().double(),
+                    mask.cpu() if mask is not None else None,
+                    kernel="math",
+                    **kwargs,
                 )
                 call = npu_port.AttentionCall.from_arguments(query, key, value, mask, **kwargs)
                 for kernel in npu_port.kernels():
@@ -100,7 +105,9 @@ def check(device: torch.device, dtypes: List[torch.dtype], repeats: int) -> List
                         row["nan"] = bool(torch.isnan(out).any())
                         row["ok"] = not row["nan"] and row["max_abs_diff"] <= TOLERANCE[dtype]
                         row["seconds"] = _time(
-                            lambda: npu_port.attention(query, key, value, mask, kernel=kernel, **kwargs), device, repeats
+                            functools.partial(npu_port.attention, query, key, value, mask, kernel=kernel, **kwargs),
+                            device,
+                            repeats,
                         )
                     except Exception as exc:  # a kernel that breaks on this device is a finding, not a crash
                         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"

@@ -72,7 +72,9 @@ def probe(name: str) -> PackageStatus:
         spec = None
     if spec is None:
         status = PackageStatus(
-            name, None, Reason("package-missing", f"{name} is not installed; {INSTALL_HINTS.get(name, 'pip install it')}")
+            name,
+            None,
+            Reason("package-missing", f"{name} is not installed; {INSTALL_HINTS.get(name, 'pip install it')}"),
         )
     else:
         try:

@@ -25,14 +25,26 @@ from .strategies import FLOAT_FORMS, Case, attention_cases
 
 #: Kernel variants under test: every registered kernel, plus the chunked kernel forced into small blocks (query
 #: blocks only, and query x key blocks with the online softmax) so the blocking paths see every case too.
-VARIANTS: Dict[str, Callable[[], npu_port.Kernel]] = {name: (lambda n=name: npu_port.get_kernel(n)) for name in npu_port.kernel_names()}
+VARIANTS: Dict[str, Callable[[], npu_port.Kernel]] = {
+    name: (lambda n=name: npu_port.get_kernel(n)) for name in npu_port.kernel_names()
+}
 VARIANTS["chunked[q-blocks]"] = lambda: npu_port.get_kernel("chunked", query_block=3)
 VARIANTS["chunked[q+k-blocks]"] = lambda: npu_port.get_kernel("chunked", query_block=4, key_block=3)
 VARIANTS["chunked[budget]"] = lambda: npu_port.get_kernel("chunked", max_bytes=4096)
 VARIANTS["math[no-upcast]"] = lambda: npu_port.get_kernel("math", upcast=False)
 VARIANTS["chunked[no-upcast]"] = lambda: npu_port.get_kernel("chunked", upcast=False, query_block=5, key_block=4)
 
-TRAINING = ("math", "sdpa", "chunked", "chunked[q-blocks]", "chunked[q+k-blocks]", "chunked[budget]", "npu_fusion", "xformers", "flash_attn")
+TRAINING = (
+    "math",
+    "sdpa",
+    "chunked",
+    "chunked[q-blocks]",
+    "chunked[q+k-blocks]",
+    "chunked[budget]",
+    "npu_fusion",
+    "xformers",
+    "flash_attn",
+)
 
 
 def expected_refusals(name: str, case: Case, needs_grad: bool = False) -> Set[str]:
@@ -137,7 +149,9 @@ def test_pure_float_masks_run_on_bool_only_kernels_after_explicit_conversion(var
     converted = Case(**{**case.__dict__, "attn_mask": masks.keep_from_additive(case.attn_mask), "form": "bool"})
     with all_stand_ins(), torch.no_grad():
         kernel = npu_port.get_kernel(variant)
-        call = npu_port.AttentionCall.from_arguments(converted.query, converted.key, converted.value, converted.attn_mask, **converted.kwargs())
+        call = npu_port.AttentionCall.from_arguments(
+            converted.query, converted.key, converted.value, converted.attn_mask, **converted.kwargs()
+        )
         found = kernel.reasons(call)
         expected = expected_refusals(variant, converted)
         if expected or found:

@@ -71,18 +71,20 @@ def test_causal_blocks_skip_the_keys_they_cannot_see():
     """Top-left causal: a block of queries i < stop never multiplies keys j >= stop (about half the work)."""
     query = torch.randn(1, 2, 256, 16)
     computed = {}
+    original = torch.baddbmm
     for causal in (False, True):
         counts = []
-        original = torch.baddbmm
 
-        def counting(*args, **kwargs):
+        def counting(*args, _counts=counts, **kwargs):
             result = original(*args, **kwargs)
-            counts.append(result.numel())
+            _counts.append(result.numel())
             return result
 
         torch.baddbmm = counting
         try:
-            npu_port.attention(query, query, query, is_causal=causal, kernel=npu_port.get_kernel("chunked", query_block=32))
+            npu_port.attention(
+                query, query, query, is_causal=causal, kernel=npu_port.get_kernel("chunked", query_block=32)
+            )
         finally:
             torch.baddbmm = original
         computed[causal] = sum(counts)

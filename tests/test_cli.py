@@ -60,7 +60,7 @@ def test_emulated_npu_without_a_device_is_explained(capsys):
     with emulated_torch_npu():
         assert main(["kernels"]) == 0
     out = capsys.readouterr().out
-    line = next(l for l in out.splitlines() if l.split()[0] == "npu_fusion")
+    line = next(text for text in out.splitlines() if text.split()[0] == "npu_fusion")
     assert "unavailable" in line and "no NPU is visible" in line
 
 
@@ -78,7 +78,10 @@ def test_a_torch_that_cannot_import_is_diagnosed_not_dumped(tmp_path):
         "raise RuntimeError('Failed to load the backend extension: torch_npu. You can disable extension "
         "auto-loading with TORCH_DEVICE_BACKEND_AUTOLOAD=0.')\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.path.dirname(os.path.dirname(npu_port.__file__))])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.path.dirname(os.path.dirname(npu_port.__file__))]),
+    }
     result = _run_cli("kernels", env=env)
     assert result.returncode == 3
     assert "Traceback" not in result.stderr

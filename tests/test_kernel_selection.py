@@ -86,10 +86,18 @@ def test_unknown_kernel_lists_every_valid_name():
 @pytest.mark.parametrize(
     "name, options, message",
     [
-        ("chunked", {"max_byte": 10}, "kernel 'chunked' has no option 'max_byte'; valid options: max_bytes, query_block, key_block, upcast"),
+        (
+            "chunked",
+            {"max_byte": 10},
+            "kernel 'chunked' has no option 'max_byte'; valid options: max_bytes, query_block, key_block, upcast",
+        ),
         ("chunked", {"max_bytes": 0}, "option max_bytes must be a positive int or None, got 0"),
         ("math", {"upcast": "yes"}, "option upcast must be True or False, got 'yes'"),
-        ("sdpa", {"backends": ["flash", "fast"]}, "unknown SDPA backend 'fast'; valid backends: flash, efficient, cudnn, math, overrideable"),
+        (
+            "sdpa",
+            {"backends": ["flash", "fast"]},
+            "unknown SDPA backend 'fast'; valid backends: flash, efficient, cudnn, math, overrideable",
+        ),
         ("npu_fusion", {"anything": 1}, "kernel 'npu_fusion' has no option 'anything'; valid options: none"),
     ],
 )
@@ -116,7 +124,10 @@ def test_no_kernel_error_lists_every_kernels_reasons(no_torch_npu):
     message = str(info.value)
     assert message.startswith("no attention kernel can run this call (query (1, 1, 2, 4) float32 on cpu")
     assert "\n  npu_fusion:\n    - torch_npu is not installed" in message
-    assert "\n  flash_attn:\n    - flash_attn is not installed" in message or "flash_attn:\n    - tensors are on cpu" in message
+    assert (
+        "\n  flash_attn:\n    - flash_attn is not installed" in message
+        or "flash_attn:\n    - tensors are on cpu" in message
+    )
     assert set(info.value.reasons) == {"npu_fusion", "flash_attn"}
 
 

@@ -105,12 +105,27 @@ def test_unbroadcastable_masks_name_the_helper_that_fits():
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: masks.keep_from_key_padding(torch.ones(2, 1, 3)), "keep_from_key_padding expects a (batch, key_len) mask, got shape (2, 1, 3)"),
-        (lambda: masks.unfold_heads(torch.ones(5, 1, 3), heads=2), "unfold_heads: the mask's first dimension (5) is not a multiple of heads=2"),
-        (lambda: masks.unfold_heads(torch.ones(4, 3), heads=2), "unfold_heads expects a (batch*heads, q_len, key_len) mask, got shape (4, 3)"),
+        (
+            lambda: masks.keep_from_key_padding(torch.ones(2, 1, 3)),
+            "keep_from_key_padding expects a (batch, key_len) mask, got shape (2, 1, 3)",
+        ),
+        (
+            lambda: masks.unfold_heads(torch.ones(5, 1, 3), heads=2),
+            "unfold_heads: the mask's first dimension (5) is not a multiple of heads=2",
+        ),
+        (
+            lambda: masks.unfold_heads(torch.ones(4, 3), heads=2),
+            "unfold_heads expects a (batch*heads, q_len, key_len) mask, got shape (4, 3)",
+        ),
         (lambda: masks.unfold_heads(torch.ones(4, 1, 3), heads=0), "heads must be a positive int, got 0"),
-        (lambda: masks.keep_from_masked(torch.zeros(3)), "keep_from_masked expects a bool or 0/1 integer mask (True/1 = masked), got float32; for an additive float mask use keep_from_additive"),
-        (lambda: masks.keep_from_additive(torch.ones(3, dtype=torch.bool)), "keep_from_additive expects a float additive mask, got bool"),
+        (
+            lambda: masks.keep_from_masked(torch.zeros(3)),
+            "keep_from_masked expects a bool or 0/1 integer mask (True/1 = masked), got float32; for an additive float mask use keep_from_additive",
+        ),
+        (
+            lambda: masks.keep_from_additive(torch.ones(3, dtype=torch.bool)),
+            "keep_from_additive expects a float additive mask, got bool",
+        ),
         (lambda: masks.masked_from_keep(torch.ones(3)), "masked_from_keep expects a bool keep-mask, got float32"),
         (lambda: masks.additive_from_keep([True]), "keep must be a torch.Tensor, got list"),
     ],

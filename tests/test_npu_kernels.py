@@ -34,13 +34,15 @@ def _qkv(*shape, dtype=torch.float16, kv_heads=None, seed=0):
     return query, torch.randn(kv_shape, generator=gen).to(dtype), torch.randn(kv_shape, generator=gen).to(dtype)
 
 
-@pytest.mark.parametrize("name, op", [("npu_fusion", "npu_fusion_attention"), ("npu_fused_infer", "npu_fused_infer_attention_score")])
+@pytest.mark.parametrize(
+    "name, op", [("npu_fusion", "npu_fusion_attention"), ("npu_fused_infer", "npu_fused_infer_attention_score")]
+)
 def test_causal_goes_through_the_compressed_mask_and_sparse_mode_2_never_dropped(name, op):
     query, key, value = _qkv(1, 2, 40, 16)
     with emulated_torch_npu() as module, torch.no_grad():
         spy = Spy(module, op)
         out = npu_port.attention(query, key, value, is_causal=True, kernel=name)
-    (_, kwargs), = spy.calls
+    ((_, kwargs),) = spy.calls
     assert kwargs["sparse_mode"] == 2
     assert kwargs["atten_mask"].shape == (2048, 2048) and kwargs["atten_mask"].dtype == torch.bool
     assert torch.equal(kwargs["atten_mask"], torch.ones(2048, 2048, dtype=torch.bool).triu(1))  # True = masked
@@ -55,7 +57,7 @@ def test_masks_are_passed_in_ascend_polarity_with_empty_rows_unmasked_then_zeroe
     with emulated_torch_npu() as module, torch.no_grad():
         spy = Spy(module, "npu_fusion_attention")
         out = npu_port.attention(query, key, value, keep, kernel="npu_fusion")
-    (_, kwargs), = spy.calls
+    ((_, kwargs),) = spy.calls
     passed = kwargs["atten_mask"]
     assert passed.shape == (2, 1, 6, 6) and kwargs["sparse_mode"] == 0
     expected = ~keep
@@ -71,7 +73,9 @@ def test_without_the_unmasking_the_emulated_op_returns_nan_rows():
     masked = torch.zeros(1, 1, 4, 4, dtype=torch.bool)
     masked[0, 0, 1] = True
     with emulated_torch_npu() as module:
-        out = module.npu_fusion_attention(query, key, value, head_num=1, input_layout="BNSD", atten_mask=masked, scale=0.25)[0]
+        out = module.npu_fusion_attention(
+            query, key, value, head_num=1, input_layout="BNSD", atten_mask=masked, scale=0.25
+        )[0]
     assert torch.isnan(out[0, 0, 1]).all() and not torch.isnan(out[0, 0, 0]).any()
 
 
@@ -113,20 +117,49 @@ def test_per_head_masks_are_expanded_over_the_batch_for_the_training_op():
 @pytest.mark.parametrize(
     "name, make, code, text",
     [
-        ("npu_fused_infer", lambda: (_qkv(1, 2, 4, 16, dtype=torch.float32), {}), "dtype",
-         "dtype float32 is not supported by npu_fused_infer (supported: float16, bfloat16)"),
-        ("npu_fused_infer", lambda: (_qkv(1, 2, 4, 40), {}), "head-dim",
-         "head_dim 40 is not a multiple of 16 (npu_fused_infer_attention_score needs 16-aligned head_dim for float16/bfloat16 when q_len > 1)"),
-        ("npu_fused_infer", lambda: (_qkv(1, 2, 4, 16), {"dropout_p": 0.1}), "dropout",
-         "dropout_p=0.1 but npu_fused_infer applies no dropout; pass dropout_p=0.0 at inference (dropout_p=p if training else 0.0) or use a kernel that supports it"),
-        ("npu_fused_infer", lambda: (_qkv(1, 2, 4, 16), {"attn_mask": torch.ones(1, 2, 4, 4, dtype=torch.bool)}), "mask",
-         "per-head mask (1, 2, 4, 4): npu_fused_infer_attention_score takes (batch|1, 1, q_len, key_len) masks only"),
+        (
+            "npu_fused_infer",
+            lambda: (_qkv(1, 2, 4, 16, dtype=torch.float32), {}),
+            "dtype",
+            "dtype float32 is not supported by npu_fused_infer (supported: float16, bfloat16)",
+        ),
+        (
+            "npu_fused_infer",
+            lambda: (_qkv(1, 2, 4, 40), {}),
+            "head-dim",
+            "head_dim 40 is not a multiple of 16 (npu_fused_infer_attention_score needs 16-aligned head_dim for float16/bfloat16 when q_len > 1)",
+        ),
+        (
+            "npu_fused_infer",
+            lambda: (_qkv(1, 2, 4, 16), {"dropout_p": 0.1}),
+            "dropout",
+            "dropout_p=0.1 but npu_fused_infer applies no dropout; pass dropout_p=0.0 at inference (dropout_p=p if training else 0.0) or use a kernel that supports it",
+        ),
+        (
+            "npu_fused_infer",
+            lambda: (_qkv(1, 2, 4, 16), {"attn_mask": torch.ones(1, 2, 4, 4, dtype=torch.bool)}),
+            "mask",
+            "per-head mask (1, 2, 4, 4): npu_fused_infer_attention_score takes (batch|1, 1, q_len, key_len) masks only",
+        ),
         ("npu_fusion", lambda: (_qkv(1, 2, 4, 800), {}), "head-dim", "head_dim 800 > 768 (npu_fusion limit)"),
-        ("npu_fusion", lambda: (_qkv(1, 300, 2, 16), {}), "heads", "300 query heads > 256 (npu_fusion_attention limit)"),
-        ("npu_fusion", lambda: (_qkv(1, 2, 4, 16), {"attn_mask": torch.zeros(4, 4)}), "mask",
-         "additive float mask: npu_fusion takes only bool masks, and a float mask may carry a bias that a bool mask cannot express; pass a bool keep-mask, or convert a pure 0/-inf mask with npu_port.masks.keep_from_additive(mask)"),
-        ("npu_fusion", lambda: (_qkv(1, 2, 4, 16), {"dropout_p": 1.0}), "dropout",
-         "dropout_p=1 would be keep_prob=0; npu_fusion_attention needs keep_prob in (0, 1]"),
+        (
+            "npu_fusion",
+            lambda: (_qkv(1, 300, 2, 16), {}),
+            "heads",
+            "300 query heads > 256 (npu_fusion_attention limit)",
+        ),
+        (
+            "npu_fusion",
+            lambda: (_qkv(1, 2, 4, 16), {"attn_mask": torch.zeros(4, 4)}),
+            "mask",
+            "additive float mask: npu_fusion takes only bool masks, and a float mask may carry a bias that a bool mask cannot express; pass a bool keep-mask, or convert a pure 0/-inf mask with npu_port.masks.keep_from_additive(mask)",
+        ),
+        (
+            "npu_fusion",
+            lambda: (_qkv(1, 2, 4, 16), {"dropout_p": 1.0}),
+            "dropout",
+            "dropout_p=1 would be keep_prob=0; npu_fusion_attention needs keep_prob in (0, 1]",
+        ),
     ],
 )
 def test_documented_limits_are_reasons_with_values_and_limits(name, make, code, text):

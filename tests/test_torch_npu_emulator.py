@@ -25,7 +25,8 @@ from numbers import Number
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests import torch_npu_docs
 from tests.emulators import torch_npu_emulator as emu
@@ -54,7 +55,7 @@ class DocsTestCase(unittest.TestCase):
     ``test_ported_assert_rtol_equal_matches_torch_npu`` checks the port against the wheel's original.
     """
 
-    def assertRtolEqual(self, x, y, prec=1.e-4, prec16=1.e-3, auto_trans_dtype=False, message=None):  # noqa: N802
+    def assertRtolEqual(self, x, y, prec=1.0e-4, prec16=1.0e-3, auto_trans_dtype=False, message=None):  # noqa: N802
         def _assert_rtol_equal(x, y, prec, prec16, message):
             def compare_res(pre, minimum):
                 diff = y - x
@@ -101,11 +102,23 @@ class DocsTestCase(unittest.TestCase):
                 self.fail("shape error")
             if x.dtype != y.dtype:
                 self.fail("dtype error")
-            dtype_list = [np.bool_, np.uint16, np.int16, np.int32, np.float16,
-                          np.float32, np.int8, np.uint8, np.int64, np.float64]
+            dtype_list = [
+                np.bool_,
+                np.uint16,
+                np.int16,
+                np.int32,
+                np.float16,
+                np.float32,
+                np.int8,
+                np.uint8,
+                np.int64,
+                np.float64,
+            ]
             if x.dtype not in dtype_list:
-                self.fail("required dtype in [np.bool_, np.uint16, np.int16, "
-                          "np.int32, np.float16, np.float32, np.int8, np.uint8, np.int64]")
+                self.fail(
+                    "required dtype in [np.bool_, np.uint16, np.int16, "
+                    "np.int32, np.float16, np.float32, np.int8, np.uint8, np.int64]"
+                )
             if x.dtype == np.bool_:
                 if not np.equal(x, y).all():
                     self.fail("result error")
@@ -143,9 +156,13 @@ def exec_docs_example(code: str, torch_npu_module, **names) -> dict:
 
 def load_fusion_docs_test(torch_npu_module) -> type:
     """The docs' ``TestNPUFlashAttention`` class, calling whatever ``torch_npu_module`` provides."""
-    namespace = exec_docs_example(torch_npu_docs.example_code(*FUSION_EXAMPLE), torch_npu_module,
-                                  TestCase=DocsTestCase, run_tests=_run_tests_stub,
-                                  SupportedDevices=_supported_devices_stub)
+    namespace = exec_docs_example(
+        torch_npu_docs.example_code(*FUSION_EXAMPLE),
+        torch_npu_module,
+        TestCase=DocsTestCase,
+        run_tests=_run_tests_stub,
+        SupportedDevices=_supported_devices_stub,
+    )
     return namespace["TestNPUFlashAttention"]
 
 
@@ -190,8 +207,7 @@ def _mutant_scale_ignored(monkeypatch, module):
 
 def _mutant_band_is_causal(monkeypatch, module):
     compressed = emu._compressed_mode_keep
-    monkeypatch.setattr(emu, "_compressed_mode_keep",
-                        lambda mode, pre, nxt, *rest: compressed(mode, INT_MAX, 0, *rest))
+    monkeypatch.setattr(emu, "_compressed_mode_keep", lambda mode, pre, nxt, *rest: compressed(mode, INT_MAX, 0, *rest))
 
 
 FUSION_MUTANTS = {
@@ -228,14 +244,25 @@ def test_fia_docs_example_matches_the_docs_reference(emulated_torch_npu, npu_is_
 def _fusion_call_through_fia(fia):
     """npu_fusion_attention as the docs' test calls it, served by FIA, so the docs' sparse cases run on FIA."""
 
-    def npu_fusion_attention(query, key, value, *, head_num, input_layout, scale, sparse_mode, atten_mask,
-                             pre_tockens, next_tockens):
+    def npu_fusion_attention(
+        query, key, value, *, head_num, input_layout, scale, sparse_mode, atten_mask, pre_tockens, next_tockens
+    ):
         if atten_mask is not None and atten_mask.dim() == 4 and atten_mask.shape[1] > 1:
             # FIA refuses per-head masks; the docs' mask is one band repeated over the heads, so one head is it all.
             assert torch.equal(atten_mask, atten_mask[:, :1].expand_as(atten_mask))
             atten_mask = atten_mask[:, :1]
-        out, _ = fia(query, key, value, atten_mask=atten_mask, num_heads=head_num, input_layout=input_layout,
-                     scale=scale, pre_tokens=pre_tockens, next_tokens=next_tockens, sparse_mode=sparse_mode)
+        out, _ = fia(
+            query,
+            key,
+            value,
+            atten_mask=atten_mask,
+            num_heads=head_num,
+            input_layout=input_layout,
+            scale=scale,
+            pre_tokens=pre_tockens,
+            next_tokens=next_tockens,
+            sparse_mode=sparse_mode,
+        )
         return (out,)
 
     return types.SimpleNamespace(npu_fusion_attention=npu_fusion_attention)
@@ -257,8 +284,11 @@ def _fia_mutant_band_is_causal(monkeypatch):
 
 
 @docs_example_warnings
-@pytest.mark.parametrize("mutant", [_fia_mutant_polarity_flipped, _fia_mutant_band_is_causal],
-                         ids=["mask polarity flipped", "band mode 4 ignores pre/next"])
+@pytest.mark.parametrize(
+    "mutant",
+    [_fia_mutant_polarity_flipped, _fia_mutant_band_is_causal],
+    ids=["mask polarity flipped", "band mode 4 ignores pre/next"],
+)
 def test_fia_docs_sparse_cases_fail_on_a_broken_emulator(mutant, npu_is_identity, monkeypatch):
     mutant(monkeypatch)
     torch.manual_seed(99)
@@ -270,9 +300,14 @@ def test_fia_docs_sparse_cases_fail_on_a_broken_emulator(mutant, npu_is_identity
 @pytest.mark.parametrize("name", [FUSION, FIA])
 def test_signature_is_the_documented_prototype(name):
     documented = torch_npu_docs.prototype_parameters(name)
-    actual = [(p.name, p.kind is inspect.Parameter.KEYWORD_ONLY,
-               torch_npu_docs.REQUIRED if p.default is inspect.Parameter.empty else p.default)
-              for p in inspect.signature(getattr(emu, name)).parameters.values()]
+    actual = [
+        (
+            p.name,
+            p.kind is inspect.Parameter.KEYWORD_ONLY,
+            torch_npu_docs.REQUIRED if p.default is inspect.Parameter.empty else p.default,
+        )
+        for p in inspect.signature(getattr(emu, name)).parameters.values()
+    ]
     assert actual == documented
 
 
@@ -338,8 +373,9 @@ def test_ported_assert_rtol_equal_matches_torch_npu():
 # (b) an independent float64 reference, cell by cell from the docs' rules
 
 
-def reference_keep(sparse_mode: int, sq: int, skv: int, pre: int, nxt: int, q_len: int | None = None,
-                   kv_len: int | None = None) -> np.ndarray:
+def reference_keep(
+    sparse_mode: int, sq: int, skv: int, pre: int, nxt: int, q_len: int | None = None, kv_len: int | None = None
+) -> np.ndarray:
     """(Sq, Skv) bool: may query row i use key j, per the docs' sparse_mode table (before any user mask)."""
     q_len = sq if q_len is None else q_len
     kv_len = skv if kv_len is None else kv_len
@@ -427,25 +463,41 @@ def _tolerance(dtype) -> dict:
     return dict(rtol=2 * eps, atol=2 * eps)
 
 
-sizes = st.fixed_dictionaries({
-    "seed": st.integers(0, 2**31 - 1), "b": st.integers(1, 2), "nkv": st.integers(1, 2),
-    "group": st.integers(1, 3), "sq": st.integers(1, 6), "skv": st.integers(1, 6)})
+sizes = st.fixed_dictionaries(
+    {
+        "seed": st.integers(0, 2**31 - 1),
+        "b": st.integers(1, 2),
+        "nkv": st.integers(1, 2),
+        "group": st.integers(1, 3),
+        "sq": st.integers(1, 6),
+        "skv": st.integers(1, 6),
+    }
+)
 tokens = st.one_of(st.just(INT_MAX), st.integers(-3, 8))
 
 
 @settings(max_examples=60, deadline=None)
-@given(size=sizes, d=st.integers(1, 8), mode=st.integers(0, 4), pre=tokens, nxt=tokens,
-       inner_precise=st.sampled_from([0, 1, 2]), layout=st.sampled_from(FUSION_LAYOUTS),
-       mask_form=st.sampled_from(["BNSS", "B1SS", "11SS", "SS"]), mask_dtype=st.sampled_from([torch.bool, torch.uint8]),
-       data=st.data())
+@given(
+    size=sizes,
+    d=st.integers(1, 8),
+    mode=st.integers(0, 4),
+    pre=tokens,
+    nxt=tokens,
+    inner_precise=st.sampled_from([0, 1, 2]),
+    layout=st.sampled_from(FUSION_LAYOUTS),
+    mask_form=st.sampled_from(["BNSS", "B1SS", "11SS", "SS"]),
+    mask_dtype=st.sampled_from([torch.bool, torch.uint8]),
+    data=st.data(),
+)
 def test_fusion_matches_the_reference(size, d, mode, pre, nxt, inner_precise, layout, mask_form, mask_dtype, data):
     b, n, nkv, sq, skv = size["b"], size["nkv"] * size["group"], size["nkv"], size["sq"], size["skv"]
     q, k, v = random_qkv(size["seed"], b, n, nkv, sq, skv, d, torch.float32)
     keep = reference_keep(mode, sq, skv, pre, nxt)
     if mode in (0, 1):
         lead = {"BNSS": (b, n), "B1SS": (b, 1), "11SS": (1, 1), "SS": ()}[mask_form]
-        masked = np.array(data.draw(st.lists(st.booleans(), min_size=sq * skv * math.prod(lead),
-                                             max_size=sq * skv * math.prod(lead)))).reshape(*lead, sq, skv)
+        masked = np.array(
+            data.draw(st.lists(st.booleans(), min_size=sq * skv * math.prod(lead), max_size=sq * skv * math.prod(lead)))
+        ).reshape(*lead, sq, skv)
         atten_mask = torch.from_numpy(masked).to(mask_dtype)
         keep = keep & ~masked
     else:
@@ -454,12 +506,21 @@ def test_fusion_matches_the_reference(size, d, mode, pre, nxt, inner_precise, la
     # "2为使能无效行计算 ... 如果算子可判断出存在无效行场景, 会自动使能无效行计算, 例如sparse_mode为3, Sq > Skv场景."
     fix = inner_precise == 2 or (mode == 3 and sq > skv)
     expected, _ = reference_attention(q, k, v, keep, scale, fix)
-    out = emu.npu_fusion_attention(*(layout_from_bnsd(t, layout) for t in (q, k, v)), n, layout,
-                                   atten_mask=atten_mask, scale=scale, pre_tockens=pre, next_tockens=nxt,
-                                   inner_precise=inner_precise, sparse_mode=mode)[0]
+    out = emu.npu_fusion_attention(
+        *(layout_from_bnsd(t, layout) for t in (q, k, v)),
+        n,
+        layout,
+        atten_mask=atten_mask,
+        scale=scale,
+        pre_tockens=pre,
+        next_tockens=nxt,
+        inner_precise=inner_precise,
+        sparse_mode=mode,
+    )[0]
     assert out.dtype == torch.float32
-    np.testing.assert_allclose(output_to_bnsd(out, layout, n).double().numpy(), expected, rtol=1e-5, atol=1e-5,
-                               equal_nan=True)
+    np.testing.assert_allclose(
+        output_to_bnsd(out, layout, n).double().numpy(), expected, rtol=1e-5, atol=1e-5, equal_nan=True
+    )
 
 
 def _fia_mask(data, b: int, sq: int, skv: int, dtype):
@@ -468,24 +529,44 @@ def _fia_mask(data, b: int, sq: int, skv: int, dtype):
     forms = ["1SS", "B1SS", "11SS", "BS" if sq == 1 else "SS"]
     form = data.draw(st.sampled_from(forms))
     lead = b if form in ("B1SS", "BS") else 1
-    full = np.array(data.draw(st.lists(st.booleans(), min_size=lead * (sq + pad_q) * (skv + pad_kv),
-                                       max_size=lead * (sq + pad_q) * (skv + pad_kv))))
+    full = np.array(
+        data.draw(
+            st.lists(
+                st.booleans(),
+                min_size=lead * (sq + pad_q) * (skv + pad_kv),
+                max_size=lead * (sq + pad_q) * (skv + pad_kv),
+            )
+        )
+    )
     full = full.reshape(lead, sq + pad_q, skv + pad_kv)
     if form == "BS":
         tensor = torch.from_numpy(full[:, 0, :].copy())
         full = full[:, :1, :]
     else:
-        shape = {"1SS": (1, sq + pad_q, skv + pad_kv), "B1SS": (b, 1, sq + pad_q, skv + pad_kv),
-                 "11SS": (1, 1, sq + pad_q, skv + pad_kv), "SS": (sq + pad_q, skv + pad_kv)}[form]
+        shape = {
+            "1SS": (1, sq + pad_q, skv + pad_kv),
+            "B1SS": (b, 1, sq + pad_q, skv + pad_kv),
+            "11SS": (1, 1, sq + pad_q, skv + pad_kv),
+            "SS": (sq + pad_q, skv + pad_kv),
+        }[form]
         tensor = torch.from_numpy(full.reshape(shape).copy())
     return tensor.to(dtype), full[:, :sq, :skv]
 
 
 @settings(max_examples=60, deadline=None)
-@given(size=sizes, d=st.sampled_from([16, 32]), mode=st.integers(0, 4), pre=tokens, nxt=tokens,
-       layout=st.sampled_from(FIA_LAYOUTS), dtype=st.sampled_from([torch.float16, torch.bfloat16]),
-       mask_dtype=st.sampled_from([torch.bool, torch.int8, torch.uint8]), use_mask=st.booleans(),
-       lse_flag=st.booleans(), data=st.data())
+@given(
+    size=sizes,
+    d=st.sampled_from([16, 32]),
+    mode=st.integers(0, 4),
+    pre=tokens,
+    nxt=tokens,
+    layout=st.sampled_from(FIA_LAYOUTS),
+    dtype=st.sampled_from([torch.float16, torch.bfloat16]),
+    mask_dtype=st.sampled_from([torch.bool, torch.int8, torch.uint8]),
+    use_mask=st.booleans(),
+    lse_flag=st.booleans(),
+    data=st.data(),
+)
 def test_fia_matches_the_reference(size, d, mode, pre, nxt, layout, dtype, mask_dtype, use_mask, lse_flag, data):
     b, n, nkv, sq, skv = size["b"], size["nkv"] * size["group"], size["nkv"], size["sq"], size["skv"]
     if layout == "BNSD_BSND" and sq == 1:
@@ -511,18 +592,29 @@ def test_fia_matches_the_reference(size, d, mode, pre, nxt, layout, dtype, mask_
         else:
             keep = reference_keep(effective_mode, sq, skv, pre, nxt, q_len, kv_len)
         keep = keep & ~user_masked[min(bi, len(user_masked) - 1)]
-        out, lse = reference_attention(q[bi:bi + 1], k[bi:bi + 1], v[bi:bi + 1], keep, 0.25, inner_precise >= 2)
+        out, lse = reference_attention(q[bi : bi + 1], k[bi : bi + 1], v[bi : bi + 1], keep, 0.25, inner_precise >= 2)
         if kv_len > 0:
             expected_out[bi, :, :q_len] = out[0, :, :q_len]
             expected_lse[bi, :, :q_len] = lse[0, :, :q_len]
     out, lse = emu.npu_fused_infer_attention_score(
-        *(layout_from_bnsd(t, layout) for t in (q, k, v)), atten_mask=atten_mask, actual_seq_lengths=q_lens,
-        actual_seq_lengths_kv=kv_lens, num_heads=n, num_key_value_heads=nkv, scale=0.25, pre_tokens=pre,
-        next_tokens=nxt, input_layout=layout, sparse_mode=mode, inner_precise=inner_precise,
-        softmax_lse_flag=lse_flag)
+        *(layout_from_bnsd(t, layout) for t in (q, k, v)),
+        atten_mask=atten_mask,
+        actual_seq_lengths=q_lens,
+        actual_seq_lengths_kv=kv_lens,
+        num_heads=n,
+        num_key_value_heads=nkv,
+        scale=0.25,
+        pre_tokens=pre,
+        next_tokens=nxt,
+        input_layout=layout,
+        sparse_mode=mode,
+        inner_precise=inner_precise,
+        softmax_lse_flag=lse_flag,
+    )
     assert out.dtype == dtype
-    np.testing.assert_allclose(output_to_bnsd(out, layout, n).double().numpy(), expected_out, equal_nan=True,
-                               **_tolerance(dtype))
+    np.testing.assert_allclose(
+        output_to_bnsd(out, layout, n).double().numpy(), expected_out, equal_nan=True, **_tolerance(dtype)
+    )
     if lse_flag:
         assert lse.shape == (b, n, sq, 1) and lse.dtype == torch.float32
         np.testing.assert_allclose(lse[..., 0].double().numpy(), expected_lse, rtol=1e-5, atol=1e-5)
@@ -549,19 +641,26 @@ def test_every_fusion_layout_equals_bnsd(size, mode, layout):
 def test_every_fia_layout_equals_bnsd(size, layout):
     b, n, nkv, sq, skv = size["b"], size["nkv"] * size["group"], size["nkv"], size["sq"] + 1, size["skv"]
     q, k, v = random_qkv(size["seed"], b, n, nkv, sq, skv, 16, torch.bfloat16)
-    call = dict(num_heads=n, num_key_value_heads=nkv, atten_mask=compressed_mask(), sparse_mode=3, scale=0.3,
-                softmax_lse_flag=True, inner_precise=2)
+    call = dict(
+        num_heads=n,
+        num_key_value_heads=nkv,
+        atten_mask=compressed_mask(),
+        sparse_mode=3,
+        scale=0.3,
+        softmax_lse_flag=True,
+        inner_precise=2,
+    )
     want, want_lse = emu.npu_fused_infer_attention_score(q, k, v, input_layout="BNSD", **call)
-    got, got_lse = emu.npu_fused_infer_attention_score(*(layout_from_bnsd(t, layout) for t in (q, k, v)),
-                                                       input_layout=layout, **call)
+    got, got_lse = emu.npu_fused_infer_attention_score(
+        *(layout_from_bnsd(t, layout) for t in (q, k, v)), input_layout=layout, **call
+    )
     torch.testing.assert_close(output_to_bnsd(got, layout, n), want, rtol=0, atol=0)
     torch.testing.assert_close(got_lse, want_lse, rtol=0, atol=0)
 
 
 def test_bnsd_bsnd_takes_bnsd_and_returns_bsnd():
     q, k, v = random_qkv(0, 2, 4, 2, 3, 5, 16, torch.float16)
-    out, _ = emu.npu_fused_infer_attention_score(q, k, v, num_heads=4, num_key_value_heads=2,
-                                                 input_layout="BNSD_BSND")
+    out, _ = emu.npu_fused_infer_attention_score(q, k, v, num_heads=4, num_key_value_heads=2, input_layout="BNSD_BSND")
     bnsd, _ = emu.npu_fused_infer_attention_score(q, k, v, num_heads=4, num_key_value_heads=2, input_layout="BNSD")
     assert out.shape == (2, 3, 4, 16)
     assert torch.equal(out, bnsd.transpose(1, 2))
@@ -571,8 +670,10 @@ def test_bnsd_bsnd_takes_bnsd_and_returns_bsnd():
 # targeted behaviour
 
 
-@pytest.mark.parametrize("op,mask_dtype", [(FUSION, torch.bool), (FUSION, torch.uint8), (FIA, torch.bool),
-                                           (FIA, torch.uint8), (FIA, torch.int8)])
+@pytest.mark.parametrize(
+    "op,mask_dtype",
+    [(FUSION, torch.bool), (FUSION, torch.uint8), (FIA, torch.bool), (FIA, torch.uint8), (FIA, torch.int8)],
+)
 def test_polarity_true_means_masked(op, mask_dtype):
     """Mask every key but one (True = masked): each output row must then be exactly that key's value row."""
     sq = skv = 4
@@ -583,8 +684,9 @@ def test_polarity_true_means_masked(op, mask_dtype):
     if op == FUSION:
         out = emu.npu_fusion_attention(q, k, v, 2, "BNSD", atten_mask=masked.to(mask_dtype))[0]
     else:
-        out, _ = emu.npu_fused_infer_attention_score(q, k, v, num_heads=2, input_layout="BNSD",
-                                                     atten_mask=masked.to(mask_dtype))
+        out, _ = emu.npu_fused_infer_attention_score(
+            q, k, v, num_heads=2, input_layout="BNSD", atten_mask=masked.to(mask_dtype)
+        )
     assert torch.equal(out, v[:, :, chosen])
 
 
@@ -594,8 +696,9 @@ def test_gqa_matches_torch_sdpa():
     out = emu.npu_fusion_attention(q, k, v, 6, "BNSD", scale=0.2)[0]
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.2, enable_gqa=True)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    fia_out, _ = emu.npu_fused_infer_attention_score(q.half(), k.half(), v.half(), num_heads=6,
-                                                     num_key_value_heads=2, input_layout="BNSD", scale=0.2)
+    fia_out, _ = emu.npu_fused_infer_attention_score(
+        q.half(), k.half(), v.half(), num_heads=6, num_key_value_heads=2, input_layout="BNSD", scale=0.2
+    )
     torch.testing.assert_close(fia_out.float(), expected, rtol=2e-3, atol=2e-3)
 
 
@@ -606,16 +709,37 @@ def assert_fusion_sparse_mode_matches_reference(mode: int, sq: int, skv: int, pr
     else:
         mask, keep = compressed_mask(), reference_keep(mode, sq, skv, pre, nxt)
     expected, _ = reference_attention(q, k, v, keep, 0.5, fix_invalid_rows=True)
-    out = emu.npu_fusion_attention(q, k, v, 2, "BNSD", atten_mask=mask, scale=0.5, pre_tockens=pre,
-                                   next_tockens=nxt, sparse_mode=mode, inner_precise=2)[0]
+    out = emu.npu_fusion_attention(
+        q,
+        k,
+        v,
+        2,
+        "BNSD",
+        atten_mask=mask,
+        scale=0.5,
+        pre_tockens=pre,
+        next_tockens=nxt,
+        sparse_mode=mode,
+        inner_precise=2,
+    )[0]
     np.testing.assert_allclose(out.double().numpy(), expected, rtol=1e-5, atol=1e-5)
 
 
 SPARSE_CASES = [
-    (0, 6, 6, 2, 1), (0, 4, 7, 1, 0), (0, 7, 4, 9, -3), (0, 5, 8, -2, 6), (1, 5, 8, 0, 0),
-    (2, 6, 6, INT_MAX, 0), (2, 4, 7, INT_MAX, 0), (2, 7, 4, INT_MAX, 0),
-    (3, 6, 6, INT_MAX, 0), (3, 4, 7, INT_MAX, 0), (3, 7, 4, INT_MAX, 0),
-    (4, 6, 6, 2, 1), (4, 4, 7, 1, 0), (4, 7, 4, 3, 2),
+    (0, 6, 6, 2, 1),
+    (0, 4, 7, 1, 0),
+    (0, 7, 4, 9, -3),
+    (0, 5, 8, -2, 6),
+    (1, 5, 8, 0, 0),
+    (2, 6, 6, INT_MAX, 0),
+    (2, 4, 7, INT_MAX, 0),
+    (2, 7, 4, INT_MAX, 0),
+    (3, 6, 6, INT_MAX, 0),
+    (3, 4, 7, INT_MAX, 0),
+    (3, 7, 4, INT_MAX, 0),
+    (4, 6, 6, 2, 1),
+    (4, 4, 7, 1, 0),
+    (4, 7, 4, 3, 2),
 ]
 
 
@@ -627,16 +751,18 @@ def test_each_sparse_mode_matches_the_reference(mode, sq, skv, pre, nxt):
 def test_the_sparse_check_catches_a_band_counted_from_the_wrong_corner(monkeypatch):
     """With Sq != Skv, counting the sparse_mode 0 band from the bottom-right (instead of the top-left) is caught."""
     band = emu._band_keep
-    monkeypatch.setattr(emu, "_band_keep",
-                        lambda sq, skv, pre, nxt, origins, device: band(sq, skv, pre, nxt, origins * 0 + skv - sq,
-                                                                        device))
+    monkeypatch.setattr(
+        emu,
+        "_band_keep",
+        lambda sq, skv, pre, nxt, origins, device: band(sq, skv, pre, nxt, origins * 0 + skv - sq, device),
+    )
     with pytest.raises(AssertionError):
         assert_fusion_sparse_mode_matches_reference(0, 4, 7, 1, 0)
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2, 3, 4])
 def test_no_mask_means_full_attention_whatever_the_sparse_mode(mode):
-    """"当atten_mask输入为None时, sparse_mode, pre_tockens, next_tockens参数不生效, 固定为全计算" -- causal is lost."""
+    """ "当atten_mask输入为None时, sparse_mode, pre_tockens, next_tockens参数不生效, 固定为全计算" -- causal is lost."""
     q, k, v = random_qkv(8, 1, 2, 2, 5, 5, 8, torch.float32)
     out = emu.npu_fusion_attention(q, k, v, 2, "BNSD", scale=0.4, sparse_mode=mode, pre_tockens=0, next_tockens=0)[0]
     full = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.4)
@@ -647,8 +773,9 @@ def test_fia_without_mask_ignores_modes_0_1_and_refuses_2_3_4():
     q, k, v = random_qkv(9, 1, 2, 2, 4, 4, 16, torch.float16)
     full = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.3)
     for mode in (0, 1):
-        out, _ = emu.npu_fused_infer_attention_score(q, k, v, num_heads=2, input_layout="BNSD", scale=0.3,
-                                                     sparse_mode=mode, pre_tokens=0, next_tokens=0)
+        out, _ = emu.npu_fused_infer_attention_score(
+            q, k, v, num_heads=2, input_layout="BNSD", scale=0.3, sparse_mode=mode, pre_tokens=0, next_tokens=0
+        )
         torch.testing.assert_close(out.float(), full, rtol=2e-3, atol=2e-3)
     for mode in (2, 3, 4):
         with pytest.raises(emu.NpuContractError, match="needs the compressed"):
@@ -660,8 +787,9 @@ def test_fia_decode_step_ignores_sparse_mode_and_tokens():
     q, k, v = random_qkv(10, 2, 2, 2, 1, 6, 24, torch.float16)  # D=24: the 16-alignment rule is for Q_S > 1
     plain, _ = emu.npu_fused_infer_attention_score(q, k, v, num_heads=2, input_layout="BNSD")
     for mode in (0, 1, 2, 3, 4, 7):
-        out, _ = emu.npu_fused_infer_attention_score(q, k, v, num_heads=2, input_layout="BNSD", sparse_mode=mode,
-                                                     pre_tokens=0, next_tokens=0)
+        out, _ = emu.npu_fused_infer_attention_score(
+            q, k, v, num_heads=2, input_layout="BNSD", sparse_mode=mode, pre_tokens=0, next_tokens=0
+        )
         assert torch.equal(out, plain)
 
 
@@ -678,7 +806,7 @@ def test_fusion_invalid_rows_are_nan_unless_corrected(inner_precise, expect_nan)
 
 
 def test_fusion_right_down_causal_with_sq_above_skv_corrects_invalid_rows_by_itself():
-    """"如果算子可判断出存在无效行场景, 会自动使能无效行计算, 例如sparse_mode为3, Sq > Skv场景."""
+    """ "如果算子可判断出存在无效行场景, 会自动使能无效行计算, 例如sparse_mode为3, Sq > Skv场景."""
     q, k, v = random_qkv(12, 1, 1, 1, 6, 4, 8, torch.float32)
     out = emu.npu_fusion_attention(q, k, v, 1, "BNSD", atten_mask=compressed_mask(), sparse_mode=3)[0]
     assert torch.equal(out[:, :, :2], torch.zeros_like(out[:, :, :2]))  # rows 0, 1 see no key (j <= i - 2)
@@ -690,18 +818,19 @@ def test_fia_invalid_rows_follow_bit_1_of_inner_precise(inner_precise, expect_na
     q, k, v = random_qkv(13, 1, 2, 2, 3, 4, 16, torch.float16)
     mask = torch.zeros(1, 1, 3, 4, dtype=torch.uint8)
     mask[..., 2, :] = 1
-    out, _ = emu.npu_fused_infer_attention_score(q, k, v, num_heads=2, input_layout="BNSD", atten_mask=mask,
-                                                 inner_precise=inner_precise)
+    out, _ = emu.npu_fused_infer_attention_score(
+        q, k, v, num_heads=2, input_layout="BNSD", atten_mask=mask, inner_precise=inner_precise
+    )
     assert bool(torch.isnan(out[:, :, 2]).all()) == expect_nan
     assert torch.isfinite(out[:, :, :2]).all()
 
 
 def test_fia_actual_lengths_truncate_keys_and_zero_padded_queries():
     q, k, v = random_qkv(14, 2, 2, 2, 5, 7, 16, torch.float16)
-    out, _ = emu.npu_fused_infer_attention_score(q, k, v, num_heads=2, input_layout="BNSD",
-                                                 actual_seq_lengths=[5, 3], actual_seq_lengths_kv=[4, 7])
-    first, _ = emu.npu_fused_infer_attention_score(q[:1], k[:1, :, :4], v[:1, :, :4], num_heads=2,
-                                                   input_layout="BNSD")
+    out, _ = emu.npu_fused_infer_attention_score(
+        q, k, v, num_heads=2, input_layout="BNSD", actual_seq_lengths=[5, 3], actual_seq_lengths_kv=[4, 7]
+    )
+    first, _ = emu.npu_fused_infer_attention_score(q[:1], k[:1, :, :4], v[:1, :, :4], num_heads=2, input_layout="BNSD")
     second, _ = emu.npu_fused_infer_attention_score(q[1:], k[1:], v[1:], num_heads=2, input_layout="BNSD")
     torch.testing.assert_close(out[:1], first)
     torch.testing.assert_close(out[1:, :, :3], second[:, :, :3])
@@ -788,8 +917,14 @@ def test_fusion_gradients_match_torch_sdpa():
     q, k, v = (t.requires_grad_() for t in random_qkv(19, 2, 4, 2, 5, 7, 8, torch.float32))
     keep = torch.from_numpy(reference_keep(3, 5, 7, INT_MAX, 0))
     weights = torch.randn(2, 5, 4, 8, generator=torch.Generator().manual_seed(3))
-    out = emu.npu_fusion_attention(*(layout_from_bnsd(t, "BSND") for t in (q, k, v)), 4, "BSND",
-                                   atten_mask=compressed_mask(), sparse_mode=3, scale=0.35)[0]
+    out = emu.npu_fusion_attention(
+        *(layout_from_bnsd(t, "BSND") for t in (q, k, v)),
+        4,
+        "BSND",
+        atten_mask=compressed_mask(),
+        sparse_mode=3,
+        scale=0.35,
+    )[0]
     got = torch.autograd.grad((out * weights).sum(), (q, k, v))
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=0.35, enable_gqa=True)
     want = torch.autograd.grad((ref.transpose(1, 2) * weights).sum(), (q, k, v))
@@ -831,16 +966,24 @@ ERROR_CASES = {
     "fusion unknown layout": (_fusion_call(input_layout="BHSD"), CONTRACT, "input_layout must be one of"),
     "fusion TND": (_fusion_call(input_layout="TND"), NotImplementedError, "TND/varlen is not emulated"),
     "fusion 4-D tensors under BSH": (_fusion_call(input_layout="BSH"), CONTRACT, "needs 3-D query"),
-    "fusion mask shape": (_fusion_call(atten_mask=_tensor(1, 2, 4, 5, dtype=torch.bool)), CONTRACT,
-                          "atten_mask shape"),
-    "fusion 1NSS mask": (_fusion_call(**_qkv((2, 2, 4, 16)), atten_mask=_tensor(1, 2, 4, 4, dtype=torch.bool)),
-                         CONTRACT, "atten_mask shape"),
+    "fusion mask shape": (_fusion_call(atten_mask=_tensor(1, 2, 4, 5, dtype=torch.bool)), CONTRACT, "atten_mask shape"),
+    "fusion 1NSS mask": (
+        _fusion_call(**_qkv((2, 2, 4, 16)), atten_mask=_tensor(1, 2, 4, 4, dtype=torch.bool)),
+        CONTRACT,
+        "atten_mask shape",
+    ),
     "fusion float mask": (_fusion_call(atten_mask=_tensor(4, 4)), CONTRACT, "atten_mask dtype"),
     "fusion int8 mask": (_fusion_call(atten_mask=_tensor(4, 4, dtype=torch.int8)), CONTRACT, "atten_mask dtype"),
-    "fusion small compressed mask": (_fusion_call(atten_mask=_tensor(4, 4, dtype=torch.bool), sparse_mode=2),
-                                     CONTRACT, "compressed 2048x2048"),
+    "fusion small compressed mask": (
+        _fusion_call(atten_mask=_tensor(4, 4, dtype=torch.bool), sparse_mode=2),
+        CONTRACT,
+        "compressed 2048x2048",
+    ),
     "fusion compressed mask of the wrong polarity": (
-        _fusion_call(atten_mask=~compressed_mask(), sparse_mode=3), CONTRACT, "not that triangle"),
+        _fusion_call(atten_mask=~compressed_mask(), sparse_mode=3),
+        CONTRACT,
+        "not that triangle",
+    ),
     "fusion sparse_mode 6": (_fusion_call(sparse_mode=6), NotImplementedError, "sparse_mode=6"),
     "fusion sparse_mode 9": (_fusion_call(sparse_mode=9), CONTRACT, "sparse_mode must be"),
     "fusion keep_prob 0": (_fusion_call(keep_prob=0.0), CONTRACT, r"keep_prob must be in \(0, 1\]"),
@@ -852,14 +995,20 @@ ERROR_CASES = {
     "fusion head_num mismatch": (_fusion_call(head_num=4), CONTRACT, "head_num=4 but query has N=2"),
     "fusion GQA not a multiple": (_fusion_call(query=_tensor(1, 3, 4, 16), head_num=3), CONTRACT, "positive multiple"),
     "fusion 257 heads": (_fusion_call(**_qkv((1, 257, 1, 16), (1, 1, 1, 16)), head_num=257), CONTRACT, "1..256"),
-    "fusion BSH H not divisible": (_fusion_call(**_qkv((1, 4, 30)), head_num=4, input_layout="BSH"), CONTRACT,
-                                   "not divisible"),
+    "fusion BSH H not divisible": (
+        _fusion_call(**_qkv((1, 4, 30)), head_num=4, input_layout="BSH"),
+        CONTRACT,
+        "not divisible",
+    ),
     "fusion inner_precise 3": (_fusion_call(inner_precise=3), CONTRACT, "inner_precise"),
     "fusion softmax_layout": (_fusion_call(softmax_layout="TND"), CONTRACT, "softmax_layout"),
     "FIA float32": (_fia_call(query=_tensor(1, 2, 4, 16, dtype=torch.float32)), CONTRACT, "float32 is not supported"),
     "FIA int8 query": (_fia_call(query=_tensor(1, 2, 4, 16, dtype=torch.int8)), NotImplementedError, "int8 query"),
-    "FIA int8 key/value": (_fia_call(key=_tensor(1, 2, 4, 16, dtype=torch.int8),
-                                     value=_tensor(1, 2, 4, 16, dtype=torch.int8)), NotImplementedError, "antiquant"),
+    "FIA int8 key/value": (
+        _fia_call(key=_tensor(1, 2, 4, 16, dtype=torch.int8), value=_tensor(1, 2, 4, 16, dtype=torch.int8)),
+        NotImplementedError,
+        "antiquant",
+    ),
     "FIA D 24 with Q_S > 1": (_fia_call(**_qkv((1, 2, 4, 24))), CONTRACT, "multiple of 16"),
     "FIA D 528": (_fia_call(**_qkv((1, 2, 1, 528), (1, 2, 4, 528))), CONTRACT, "<= 512"),
     "FIA Dk != Dv": (_fia_call(sq=1, value=_tensor(1, 2, 4, 32)), CONTRACT, "identical"),
@@ -867,25 +1016,35 @@ ERROR_CASES = {
     "FIA float mask": (_fia_call(atten_mask=_tensor(1, 1, 4, 4)), CONTRACT, "atten_mask dtype"),
     "FIA mask too short": (_fia_call(atten_mask=_tensor(1, 1, 3, 4, dtype=torch.bool)), CONTRACT, "not accepted"),
     "FIA (S, S) mask at Q_S 1 with B 2": (
-        _fia_call(**_qkv((2, 2, 1, 16), (2, 2, 4, 16)), atten_mask=_tensor(1, 4, dtype=torch.bool)), CONTRACT,
-        r"\(B, KV_S\)"),
+        _fia_call(**_qkv((2, 2, 1, 16), (2, 2, 4, 16)), atten_mask=_tensor(1, 4, dtype=torch.bool)),
+        CONTRACT,
+        r"\(B, KV_S\)",
+    ),
     "FIA SBH": (_fia_call(input_layout="SBH"), CONTRACT, "input_layout must be one of"),
     "FIA TND": (_fia_call(input_layout="TND"), NotImplementedError, "TND/varlen is not emulated"),
     "FIA BNSD_BSND at Q_S 1": (_fia_call(sq=1, input_layout="BNSD_BSND"), CONTRACT, "needs Q_S > 1"),
     "FIA num_heads mismatch": (_fia_call(num_heads=4), CONTRACT, "num_heads=4 but query has N=2"),
     "FIA GQA without num_key_value_heads": (
-        _fia_call(query=_tensor(1, 4, 4, 16), num_heads=4), CONTRACT, "pass num_key_value_heads"),
-    "FIA ratio 65": (_fia_call(**_qkv((1, 65, 2, 16), (1, 1, 4, 16)), num_heads=65, num_key_value_heads=1), CONTRACT,
-                     "<= 64"),
+        _fia_call(query=_tensor(1, 4, 4, 16), num_heads=4),
+        CONTRACT,
+        "pass num_key_value_heads",
+    ),
+    "FIA ratio 65": (
+        _fia_call(**_qkv((1, 65, 2, 16), (1, 1, 4, 16)), num_heads=65, num_key_value_heads=1),
+        CONTRACT,
+        "<= 64",
+    ),
     "FIA key/value shapes differ": (_fia_call(value=_tensor(1, 2, 5, 16)), CONTRACT, "identical"),
     "FIA inner_precise 2 at Q_S 1": (_fia_call(sq=1, inner_precise=2), CONTRACT, "inner_precise"),
     "FIA inner_precise 4": (_fia_call(inner_precise=4), CONTRACT, "inner_precise"),
     "FIA sparse_mode 9": (_fia_call(sparse_mode=9), NotImplementedError, "treeMask"),
     "FIA sparse_mode 5": (_fia_call(sparse_mode=5), CONTRACT, "sparse_mode must be 0..4"),
-    "FIA compressed mask wrong": (_fia_call(sparse_mode=4, atten_mask=_tensor(2048, 2048, dtype=torch.bool)),
-                                  CONTRACT, "not that triangle"),
-    "FIA 2 lengths for B 3": (_fia_call(**_qkv((3, 2, 4, 16)), actual_seq_lengths_kv=[1, 2]), CONTRACT,
-                              "1 or >= B=3"),
+    "FIA compressed mask wrong": (
+        _fia_call(sparse_mode=4, atten_mask=_tensor(2048, 2048, dtype=torch.bool)),
+        CONTRACT,
+        "not that triangle",
+    ),
+    "FIA 2 lengths for B 3": (_fia_call(**_qkv((3, 2, 4, 16)), actual_seq_lengths_kv=[1, 2]), CONTRACT, "1 or >= B=3"),
     "FIA kv length too long": (_fia_call(actual_seq_lengths_kv=[5]), CONTRACT, r"in 0\.\.4"),
 }
 
@@ -898,8 +1057,11 @@ def test_contract_violations_raise_clear_errors(case):
 
 
 FUSION_FEATURES = ["pse", "padding_mask", "prefix", "actual_seq_qlen", "actual_seq_kvlen"]
-FIA_FEATURES = [p.name for p in inspect.signature(emu.npu_fused_infer_attention_score).parameters.values()
-                if p.default is None and p.name not in ("atten_mask", "actual_seq_lengths", "actual_seq_lengths_kv")]
+FIA_FEATURES = [
+    p.name
+    for p in inspect.signature(emu.npu_fused_infer_attention_score).parameters.values()
+    if p.default is None and p.name not in ("atten_mask", "actual_seq_lengths", "actual_seq_lengths_kv")
+]
 FIA_MODES = ["block_size", "antiquant_mode", "key_antiquant_mode", "value_antiquant_mode"]
 
 
@@ -1015,8 +1177,9 @@ def test_docs_download_extracts_only_the_two_files(tmp_path, monkeypatch):
 def test_docs_download_failure_says_how_to_provide_the_file(tmp_path, monkeypatch):
     monkeypatch.delenv(torch_npu_docs.ENV_VAR, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(subprocess, "run",
-                        lambda command, **kwargs: subprocess.CompletedProcess(command, 1, "", "No network here"))
+    monkeypatch.setattr(
+        subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(command, 1, "", "No network here")
+    )
     with pytest.raises(RuntimeError) as excinfo:
         torch_npu_docs.op_plugin_docs_path()
     message = str(excinfo.value)

@@ -50,8 +50,10 @@ def op_plugin_docs_path() -> pathlib.Path:
     if override:
         path = pathlib.Path(override).expanduser()
         if not path.is_file():
-            raise RuntimeError(f"{ENV_VAR}={override!r} does not name a file; point it at torch_npu/_op_plugin_docs.py "
-                               f"taken from a torch_npu {TORCH_NPU_VERSION} wheel, or unset it to download the wheel.")
+            raise RuntimeError(
+                f"{ENV_VAR}={override!r} does not name a file; point it at torch_npu/_op_plugin_docs.py "
+                f"taken from a torch_npu {TORCH_NPU_VERSION} wheel, or unset it to download the wheel."
+            )
         return path
     cached = cache_dir() / "_op_plugin_docs.py"
     if not cached.is_file():
@@ -68,8 +70,18 @@ def testcase_path() -> pathlib.Path | None:
 def _download_into_cache(target: pathlib.Path) -> None:
     """Fetch the wheel with pip (never installing it) and copy the docs and testcase files into ``target``."""
     with tempfile.TemporaryDirectory(prefix="npu-port-torch-npu-") as tmp:
-        command = [sys.executable, "-m", "pip", "download", f"torch-npu=={TORCH_NPU_VERSION}", "--no-deps",
-                   "--only-binary=:all:", *_PIP_PLATFORM_ARGS, "-d", tmp]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            f"torch-npu=={TORCH_NPU_VERSION}",
+            "--no-deps",
+            "--only-binary=:all:",
+            *_PIP_PLATFORM_ARGS,
+            "-d",
+            tmp,
+        ]
         failure = None
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S)
@@ -86,7 +98,8 @@ def _download_into_cache(target: pathlib.Path) -> None:
                 f"({' '.join(command)}): {failure}\n"
                 f"Provide the file by hand: unzip torch_npu/_op_plugin_docs.py from a torch_npu {TORCH_NPU_VERSION} "
                 f"wheel and set {ENV_VAR}=/path/to/_op_plugin_docs.py (or place it, with testing/testcase.py beside "
-                f"it, in {target}).")
+                f"it, in {target})."
+            )
         with zipfile.ZipFile(wheels[0]) as wheel:
             _write_atomically(target / "_op_plugin_docs.py", wheel.read(DOCS_MEMBER))
             _write_atomically(target / "testing" / "testcase.py", wheel.read(TESTCASE_MEMBER))
@@ -115,8 +128,12 @@ def _docstrings(path: str) -> dict[str, str]:
         tree = ast.parse(pathlib.Path(path).read_text(encoding="utf-8"), filename=path)
     found: dict[str, str] = {}
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id == "_add_torch_npu_docstr" and len(node.args) == 2):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "_add_torch_npu_docstr"
+            and len(node.args) == 2
+        ):
             continue
         name, doc = node.args
         if isinstance(name, ast.Constant) and isinstance(doc, ast.Constant) and isinstance(doc.value, str):
@@ -169,7 +186,7 @@ def prototype_parameters(name: str) -> list[tuple[str, bool, object]]:
     literals ("None", "1.", "2147483647", "\\"BSH\\"", "True").
     """
     line = prototype(name)
-    inner = line[line.index("(") + 1:line.rindex(") ->")]
+    inner = line[line.index("(") + 1 : line.rindex(") ->")]
     params = []
     keyword_only = False
     for piece in (p.strip() for p in inner.split(",")):

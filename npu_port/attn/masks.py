@@ -85,9 +85,7 @@ def keep_from_additive(mask: Tensor, masked_at_or_below: float = MASKED_AT_OR_BE
     """
     mask = _require_tensor(mask)
     if not mask.dtype.is_floating_point:
-        raise AttentionInputError(
-            f"keep_from_additive expects a float additive mask, got {_dtype_name(mask.dtype)}"
-        )
+        raise AttentionInputError(f"keep_from_additive expects a float additive mask, got {_dtype_name(mask.dtype)}")
     return mask > masked_at_or_below
 
 

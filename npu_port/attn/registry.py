@@ -7,17 +7,21 @@ It imports no optional package and knows no strategy. Built-in kernels register 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Type, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Type, Union
 
 from ..errors import UnknownKernelError
-from .kernels.base import Kernel
+
+if TYPE_CHECKING:  # imported lazily below: kernel modules import this registry while the kernels package loads
+    from .kernels.base import Kernel
 
 _KERNELS: Dict[str, Type[Kernel]] = {}
-_DEFAULTS: Dict[str, Kernel] = {}  # default-configured instances; kernels are immutable, so they are shared
+_DEFAULTS: "Dict[str, Kernel]" = {}  # default-configured instances; kernels are immutable, so they are shared
 
 
-def register_kernel(cls: Type[Kernel]) -> Type[Kernel]:
+def register_kernel(cls: "Type[Kernel]") -> "Type[Kernel]":
     """Class decorator: make ``cls`` available by its ``name``."""
+    from .kernels.base import Kernel
+
     if not (isinstance(cls, type) and issubclass(cls, Kernel)):
         raise TypeError(f"register_kernel expects a Kernel subclass, got {cls!r}")
     if not cls.name or not cls.name.replace("_", "").isalnum():
@@ -30,18 +34,22 @@ def register_kernel(cls: Type[Kernel]) -> Type[Kernel]:
     return cls
 
 
-def _load_builtins() -> None:
-    from . import kernels  # noqa: F401  (importing registers the built-in kernels)
+def _load_builtins() -> List[str]:
+    from .kernels import BUILTIN_ORDER  # importing the package registers the built-in kernels
+
+    return list(BUILTIN_ORDER)
 
 
 def kernel_names() -> List[str]:
-    """Registered kernel names, built-ins first in their documented order."""
-    _load_builtins()
-    return list(_KERNELS)
+    """Registered kernel names, built-ins first in their documented order, then others as registered."""
+    builtins = _load_builtins()
+    return [n for n in builtins if n in _KERNELS] + [n for n in _KERNELS if n not in builtins]
 
 
-def get_kernel(kernel: Union[str, Kernel], **options: Any) -> Kernel:
+def get_kernel(kernel: "Union[str, Kernel]", **options: Any) -> "Kernel":
     """A kernel instance from a name (configured with ``options``) or the instance itself."""
+    from .kernels.base import Kernel
+
     if isinstance(kernel, Kernel):
         if options:
             return type(kernel)(**{**kernel.options, **options})
@@ -51,7 +59,7 @@ def get_kernel(kernel: Union[str, Kernel], **options: Any) -> Kernel:
     _load_builtins()
     cls = _KERNELS.get(kernel)
     if cls is None:
-        raise UnknownKernelError(kernel, list(_KERNELS))
+        raise UnknownKernelError(kernel, kernel_names())
     if options:
         return cls(**options)
     instance = _DEFAULTS.get(kernel)
@@ -60,7 +68,6 @@ def get_kernel(kernel: Union[str, Kernel], **options: Any) -> Kernel:
     return instance
 
 
-def kernels() -> List[Kernel]:
+def kernels() -> "List[Kernel]":
     """One default-configured instance of every registered kernel, in registry order."""
-    _load_builtins()
-    return [get_kernel(name) for name in list(_KERNELS)]
+    return [get_kernel(name) for name in kernel_names()]

@@ -1,1 +1,4 @@
-"""The ``npu-port`` command line: argparse wiring in ``main``, one module per subcommand; the library never imports it."""
+"""The ``npu-port`` command line: argparse wiring in ``main``, one module per subcommand.
+
+The library never imports this package.
+"""

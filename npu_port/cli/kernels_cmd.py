@@ -40,7 +40,9 @@ def kernels_report() -> Dict[str, Any]:
 
 def render_text(report: Dict[str, Any], verbose: bool = False) -> str:
     """One line per kernel: name, status, and the summary (available) or the reason (unavailable)."""
-    lines = [f"npu-port {report['npu_port_version']} attention kernels on this machine (torch {report['torch_version']}):"]
+    lines = [
+        f"npu-port {report['npu_port_version']} attention kernels on this machine (torch {report['torch_version']}):"
+    ]
     width = max(len(k["name"]) for k in report["kernels"])
     for entry in report["kernels"]:
         status = "available" if entry["available"] else "unavailable"
@@ -50,8 +52,8 @@ def render_text(report: Dict[str, Any], verbose: bool = False) -> str:
             head_dim = entry["max_head_dim"] or "any"
             supports = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in entry["supports"].items())
             lines.append(
-                f"  {'':<{width}}  {'':<11}  devices: {', '.join(entry['devices'])}; dtypes: {', '.join(entry['dtypes'])}; "
-                f"max head_dim: {head_dim}; {supports}"
+                f"  {'':<{width}}  {'':<11}  devices: {', '.join(entry['devices'])}; "
+                f"dtypes: {', '.join(entry['dtypes'])}; max head_dim: {head_dim}; {supports}"
             )
             for name, option in entry["options"].items():
                 lines.append(f"  {'':<{width}}  {'':<11}  option {name}={option['default']!r}: {option['doc']}")

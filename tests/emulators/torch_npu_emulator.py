@@ -3,8 +3,8 @@
 What this is
     A plain-PyTorch stand-in for ``torch_npu.npu_fusion_attention`` and
     ``torch_npu.npu_fused_infer_attention_score``, written from the operators' own documentation
-    (``torch_npu/_op_plugin_docs.py`` in the torch_npu 2.13.0 wheel; extracts in
-    /work/shared/reference/torch_npu_attention_ops.md).  It is NOT the Ascend kernels and says nothing about
+    (``torch_npu/_op_plugin_docs.py`` in the torch_npu 2.13.0 wheel, which tests/torch_npu_docs.py fetches
+    and reads).  It is NOT the Ascend kernels and says nothing about
     their speed, memory, or bit-level numerics.  It exists so that npu-port's NPU attention code paths -- layout
     conversion, mask polarity and shape, sparse_mode choice, GQA, scale, the 7-tuple -- can be tested on a
     machine without Ascend hardware.  The test suite checks the emulator itself against the reference
@@ -127,7 +127,8 @@ def _reject_features(op: str, **features) -> None:
         if value is not None:
             raise NotImplementedError(
                 f"{op}: argument {name!r} is part of the torch_npu contract but is not emulated "
-                f"(tests/emulators/torch_npu_emulator.py covers plain attention, masks, sparse modes, GQA, scale)")
+                f"(tests/emulators/torch_npu_emulator.py covers plain attention, masks, sparse modes, GQA, scale)"
+            )
 
 
 def _reject_modes(op: str, **modes: int) -> None:
@@ -139,8 +140,12 @@ def _reject_modes(op: str, **modes: int) -> None:
 
 def _check_mask_dtype(op: str, mask: torch.Tensor, allowed: Sequence[torch.dtype]) -> None:
     names = "/".join(str(d).replace("torch.", "") for d in allowed)
-    _require(mask.dtype in allowed, op, f"atten_mask dtype must be {names} (True / 1 = masked), got {mask.dtype}; "
-                                        "a float additive mask is not accepted by this op")
+    _require(
+        mask.dtype in allowed,
+        op,
+        f"atten_mask dtype must be {names} (True / 1 = masked), got {mask.dtype}; "
+        "a float additive mask is not accepted by this op",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -197,22 +202,32 @@ def _split_three_d(op: str, query, key, value, layout: str, q_heads: int, kv_hea
         kv_heads = hk // d
     else:
         _require(hk == kv_heads * d, op, f"key H={hk} != num_key_value_heads ({kv_heads}) * D ({d})")
-    _require(kv_heads >= 1 and value.shape[-1] % kv_heads == 0, op,
-             f"value H={value.shape[-1]} is not divisible by the key/value head count {kv_heads}")
+    _require(
+        kv_heads >= 1 and value.shape[-1] % kv_heads == 0,
+        op,
+        f"value H={value.shape[-1]} is not divisible by the key/value head count {kv_heads}",
+    )
     return (_to_bnsd(query, layout, q_heads), _to_bnsd(key, layout, kv_heads), _to_bnsd(value, layout, kv_heads))
 
 
 def _check_heads_and_dims(op: str, q, k, v, *, max_heads: int, max_ratio: Optional[int]) -> None:
     """Batch, head-count and GQA rules shared by both ops, on BNSD views."""
-    _require(q.shape[0] == k.shape[0] == v.shape[0], op,
-             f"batch sizes differ: query {q.shape[0]}, key {k.shape[0]}, value {v.shape[0]}")
-    _require(k.shape[1] == v.shape[1] and k.shape[2] == v.shape[2], op,
-             f"key and value must have the same N and S, got key {tuple(k.shape)} value {tuple(v.shape)} (BNSD)")
+    _require(
+        q.shape[0] == k.shape[0] == v.shape[0],
+        op,
+        f"batch sizes differ: query {q.shape[0]}, key {k.shape[0]}, value {v.shape[0]}",
+    )
+    _require(
+        k.shape[1] == v.shape[1] and k.shape[2] == v.shape[2],
+        op,
+        f"key and value must have the same N and S, got key {tuple(k.shape)} value {tuple(v.shape)} (BNSD)",
+    )
     nq, nkv = q.shape[1], k.shape[1]
     # fusion: "Nq/Nkv必须是非0整数, Nq取值范围1~256"; FIA: "num_heads整除num_key_value_heads, 比值不能大于64", "N轴小于等于256"
     _require(1 <= nq <= max_heads, op, f"query head count must be in 1..{max_heads}, got {nq}")
-    _require(nkv >= 1 and nq % nkv == 0, op,
-             f"query heads ({nq}) must be a positive multiple of key/value heads ({nkv})")
+    _require(
+        nkv >= 1 and nq % nkv == 0, op, f"query heads ({nq}) must be a positive multiple of key/value heads ({nkv})"
+    )
     if max_ratio is not None:
         _require(nq // nkv <= max_ratio, op, f"num_heads / num_key_value_heads must be <= {max_ratio}, got {nq // nkv}")
     _require(q.shape[3] == k.shape[3], op, f"query and key head dims differ: {q.shape[3]} vs {k.shape[3]}")
@@ -241,21 +256,30 @@ def _check_compressed_mask(op: str, mask: torch.Tensor, sparse_mode: int) -> Non
     """Modes 2/3/4 take the "优化后的压缩下三角矩阵(2048*2048)": shape (2048,2048)/(1,2048,2048)/(1,1,2048,2048)."""
     side = COMPRESSED_MASK_SIDE
     shapes = ((side, side), (1, side, side), (1, 1, side, side))
-    _require(tuple(mask.shape) in shapes, op,
-             f"sparse_mode={sparse_mode} needs the compressed {side}x{side} mask of shape (2048, 2048), "
-             f"(1, 2048, 2048) or (1, 1, 2048, 2048), got {tuple(mask.shape)}")
+    _require(
+        tuple(mask.shape) in shapes,
+        op,
+        f"sparse_mode={sparse_mode} needs the compressed {side}x{side} mask of shape (2048, 2048), "
+        f"(1, 2048, 2048) or (1, 1, 2048, 2048), got {tuple(mask.shape)}",
+    )
     triangle = _compressed_triangle(str(mask.device))
-    _require(torch.equal(mask.reshape(side, side).bool(), triangle), op,
-             f"sparse_mode={sparse_mode} needs the compressed mask torch.triu(torch.ones(2048, 2048), diagonal=1) "
-             "(True above the diagonal = masked); the mask given is not that triangle")
+    _require(
+        torch.equal(mask.reshape(side, side).bool(), triangle),
+        op,
+        f"sparse_mode={sparse_mode} needs the compressed mask torch.triu(torch.ones(2048, 2048), diagonal=1) "
+        "(True above the diagonal = masked); the mask given is not that triangle",
+    )
 
 
 def _fusion_plain_masked(mask: torch.Tensor, b: int, n: int, sq: int, skv: int) -> torch.Tensor:
     """npu_fusion_attention mask "shape类型支持BNSS格式、B1SS格式、11SS格式、SS格式" -> bool (.., .., Sq, Skv)."""
     forms = {(b, n, sq, skv): "BNSS", (b, 1, sq, skv): "B1SS", (1, 1, sq, skv): "11SS", (sq, skv): "SS"}
-    _require(tuple(mask.shape) in forms, FUSION,
-             f"atten_mask shape {tuple(mask.shape)} is none of BNSS {(b, n, sq, skv)}, B1SS {(b, 1, sq, skv)}, "
-             f"11SS {(1, 1, sq, skv)}, SS {(sq, skv)}")
+    _require(
+        tuple(mask.shape) in forms,
+        FUSION,
+        f"atten_mask shape {tuple(mask.shape)} is none of BNSS {(b, n, sq, skv)}, B1SS {(b, 1, sq, skv)}, "
+        f"11SS {(1, 1, sq, skv)}, SS {(sq, skv)}",
+    )
     masked = mask.bool()
     return masked if masked.dim() == 4 else masked.view(1, 1, sq, skv)
 
@@ -268,8 +292,10 @@ def _fia_plain_masked(mask: torch.Tensor, b: int, sq: int, skv: int) -> torch.Te
     is used.
     """
     shape = tuple(mask.shape)
-    accepted = (f"(1, Q_S, KV_S), (B, 1, Q_S, KV_S), (1, 1, Q_S, KV_S) or "
-                f"{'(B, KV_S)' if sq == 1 else '(Q_S, KV_S)'} with B={b}, Q_S>={sq}, KV_S>={skv}")
+    accepted = (
+        f"(1, Q_S, KV_S), (B, 1, Q_S, KV_S), (1, 1, Q_S, KV_S) or "
+        f"{'(B, KV_S)' if sq == 1 else '(Q_S, KV_S)'} with B={b}, Q_S>={sq}, KV_S>={skv}"
+    )
     if mask.dim() == 4:
         _require(shape[1] == 1, FIA, f"atten_mask shape {shape}: a per-head mask is not accepted, use {accepted}")
         ok, lead = shape[0] in (1, b), shape[0]
@@ -284,8 +310,11 @@ def _fia_plain_masked(mask: torch.Tensor, b: int, sq: int, skv: int) -> torch.Te
         mask = mask.view(1, 1, *shape)
     else:
         ok, lead = False, 1
-    _require(ok and mask.shape[2] >= sq and mask.shape[3] >= skv, FIA,
-             f"atten_mask shape {shape} is not accepted; use {accepted}")
+    _require(
+        ok and mask.shape[2] >= sq and mask.shape[3] >= skv,
+        FIA,
+        f"atten_mask shape {shape} is not accepted; use {accepted}",
+    )
     return mask[:lead, :, :sq, :skv].bool()
 
 
@@ -323,9 +352,9 @@ def _compressed_mode_keep(sparse_mode: int, pre: int, nxt: int, sq: int, skv: in
 
 @dataclass
 class _Attended:
-    out: torch.Tensor        # (B, N, Sq, Dv) float64
-    row_max: torch.Tensor    # (B, N, Sq, 1) float64, detached; -inf on invalid rows
-    row_sum: torch.Tensor    # (B, N, Sq, 1) float64, detached; 0 on invalid rows
+    out: torch.Tensor  # (B, N, Sq, Dv) float64
+    row_max: torch.Tensor  # (B, N, Sq, 1) float64, detached; -inf on invalid rows
+    row_sum: torch.Tensor  # (B, N, Sq, 1) float64, detached; 0 on invalid rows
 
 
 def _attend(q, k, v, keep: Optional[torch.Tensor], scale: float, keep_prob: float, fix_invalid_rows: bool) -> _Attended:
@@ -337,9 +366,11 @@ def _attend(q, k, v, keep: Optional[torch.Tensor], scale: float, keep_prob: floa
     """
     if k.shape[2] == 0:  # no keys at all: nothing to attend to (FIA: "S2为0 ... 则填充全零")
         rows = (*q.shape[:3], 1)
-        return _Attended(out=q.new_zeros(*q.shape[:3], v.shape[3], dtype=torch.float64),
-                         row_max=q.new_full(rows, float("-inf"), dtype=torch.float64),
-                         row_sum=q.new_zeros(rows, dtype=torch.float64))
+        return _Attended(
+            out=q.new_zeros(*q.shape[:3], v.shape[3], dtype=torch.float64),
+            row_max=q.new_full(rows, float("-inf"), dtype=torch.float64),
+            row_sum=q.new_zeros(rows, dtype=torch.float64),
+        )
     group = q.shape[1] // k.shape[1]
     k = k.double().repeat_interleave(group, dim=1)  # query head h uses key head h // group
     v = v.double().repeat_interleave(group, dim=1)
@@ -370,8 +401,11 @@ def _softmax_stat(x: torch.Tensor) -> torch.Tensor:
 def _fusion_validate_scalars(input_layout, keep_prob, inner_precise, sparse_mode, softmax_layout) -> None:
     if input_layout == "TND":
         raise NotImplementedError(f"{FUSION}: input_layout 'TND': TND/varlen is not emulated")
-    _require(input_layout in FUSION_LAYOUTS, FUSION,
-             f"input_layout must be one of {', '.join(FUSION_LAYOUTS)} (or TND), got {input_layout!r}")
+    _require(
+        input_layout in FUSION_LAYOUTS,
+        FUSION,
+        f"input_layout must be one of {', '.join(FUSION_LAYOUTS)} (or TND), got {input_layout!r}",
+    )
     # "softmax_layout ... 当前仅在input_layout=“TND”时进行配置"
     _require(softmax_layout == "", FUSION, f"softmax_layout is only for input_layout TND, got {softmax_layout!r}")
     # "keep_prob ... 取值范围为(0, 1]"
@@ -388,8 +422,11 @@ def _fusion_validate_tensors(query, key, value, head_num: int, layout: str):
     allowed = (torch.float16, torch.bfloat16, torch.float32)
     _require(query.dtype in allowed, FUSION, f"query dtype must be float16, bfloat16 or float32, got {query.dtype}")
     # "输入query、key、value、pse的数据类型必须一致."
-    _require(key.dtype == query.dtype and value.dtype == query.dtype, FUSION,
-             f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    _require(
+        key.dtype == query.dtype and value.dtype == query.dtype,
+        FUSION,
+        f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}",
+    )
     _require(head_num >= 1, FUSION, f"head_num must be >= 1, got {head_num}")
     _check_ndims(FUSION, layout, query=query, key=key, value=value)
     if layout in THREE_D_LAYOUTS:
@@ -400,24 +437,51 @@ def _fusion_validate_tensors(query, key, value, head_num: int, layout: str):
     _check_heads_and_dims(FUSION, q, k, v, max_heads=256, max_ratio=None)
     dk, dv = k.shape[3], v.shape[3]
     # "D: Head Dim必须满足Dq=Dk和Dk≥Dv，取值范围1~768."
-    _require(1 <= dk <= 768 and 1 <= dv <= dk, FUSION, f"head dims must satisfy 1 <= Dv <= Dq = Dk <= 768, "
-                                                       f"got Dq=Dk={dk}, Dv={dv}")
+    _require(
+        1 <= dk <= 768 and 1 <= dv <= dk,
+        FUSION,
+        f"head dims must satisfy 1 <= Dv <= Dq = Dk <= 768, got Dq=Dk={dk}, Dv={dv}",
+    )
     # "S: sequence length, 取值范围1~1M."
     _require(q.shape[2] >= 1 and k.shape[2] >= 1, FUSION, "sequence lengths must be >= 1")
     return q, k, v
 
 
-def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None, atten_mask=None,
-                         scale=1., keep_prob=1., pre_tockens=2147483647, next_tockens=2147483647, inner_precise=0,
-                         prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0,
-                         gen_mask_parallel=True, sync=False, softmax_layout=""):
+def npu_fusion_attention(
+    query,
+    key,
+    value,
+    head_num,
+    input_layout,
+    pse=None,
+    padding_mask=None,
+    atten_mask=None,
+    scale=1.0,
+    keep_prob=1.0,
+    pre_tockens=2147483647,
+    next_tockens=2147483647,
+    inner_precise=0,
+    prefix=None,
+    actual_seq_qlen=None,
+    actual_seq_kvlen=None,
+    sparse_mode=0,
+    gen_mask_parallel=True,
+    sync=False,
+    softmax_layout="",
+):
     """Emulated ``torch_npu.npu_fusion_attention`` (see the module docstring for what is and is not emulated).
 
     Returns ``(attention_out, softmax_max, softmax_sum, reserved, seed, offset, dropout_mask_length)``.
     ``gen_mask_parallel`` and ``sync`` only steer how the real op generates its dropout mask; they change nothing.
     """
-    _reject_features(FUSION, pse=pse, padding_mask=padding_mask, prefix=prefix, actual_seq_qlen=actual_seq_qlen,
-                     actual_seq_kvlen=actual_seq_kvlen)
+    _reject_features(
+        FUSION,
+        pse=pse,
+        padding_mask=padding_mask,
+        prefix=prefix,
+        actual_seq_qlen=actual_seq_qlen,
+        actual_seq_kvlen=actual_seq_kvlen,
+    )
     _fusion_validate_scalars(input_layout, keep_prob, inner_precise, sparse_mode, softmax_layout)
     q, k, v = _fusion_validate_tensors(query, key, value, head_num, input_layout)
     b, n, sq, skv = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
@@ -429,8 +493,7 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
     dropping = keep_prob < 1.0
     seed, offset = (int(torch.initial_seed()), 0) if dropping else (0, 0)
     reserved = torch.empty(0, dtype=query.dtype, device=query.device)  # "第4个输出为Tensor, 预留参数, 暂未使用."
-    return (out, _softmax_stat(result.row_max), _softmax_stat(result.row_sum), reserved, seed, offset,
-            b * n * sq * skv)
+    return (out, _softmax_stat(result.row_max), _softmax_stat(result.row_sum), reserved, seed, offset, b * n * sq * skv)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -441,8 +504,11 @@ def _fia_validate_dtypes(query, key, value) -> None:
     # query: "数据类型支持float16、bfloat16、int8"; int8 needs the quantisation arguments, which are not emulated
     if query.dtype == torch.int8:
         raise NotImplementedError(f"{FIA}: int8 query (quantised attention) is not emulated")
-    _require(query.dtype in (torch.float16, torch.bfloat16), FIA,
-             f"query dtype must be float16 or bfloat16 (float32 is not supported by this op), got {query.dtype}")
+    _require(
+        query.dtype in (torch.float16, torch.bfloat16),
+        FIA,
+        f"query dtype must be float16 or bfloat16 (float32 is not supported by this op), got {query.dtype}",
+    )
     for name, t in (("key", key), ("value", value)):
         if t.dtype in (torch.int8, torch.int32):
             raise NotImplementedError(f"{FIA}: {t.dtype} {name} (antiquant / int4 packing) is not emulated")
@@ -454,8 +520,11 @@ def _fia_heads(query, key, value, layout: str, num_heads: int, num_key_value_hea
     _require(num_heads >= 1, FIA, f"num_heads must be >= 1, got {num_heads}")
     _require(num_key_value_heads >= 0, FIA, f"num_key_value_heads must be >= 0, got {num_key_value_heads}")
     # "参数key、value中对应tensor的shape需要完全一致"
-    _require(tuple(key.shape) == tuple(value.shape), FIA,
-             f"key and value shapes must be identical, got {tuple(key.shape)} and {tuple(value.shape)}")
+    _require(
+        tuple(key.shape) == tuple(value.shape),
+        FIA,
+        f"key and value shapes must be identical, got {tuple(key.shape)} and {tuple(value.shape)}",
+    )
     _check_ndims(FIA, layout, query=query, key=key, value=value)
     kv_heads = num_key_value_heads or num_heads  # "默认值0, 表示key/value和query的head个数相等"
     if layout == "BSH":
@@ -463,9 +532,12 @@ def _fia_heads(query, key, value, layout: str, num_heads: int, num_key_value_hea
     q, k, v = (_to_bnsd(t, layout, num_heads) for t in (query, key, value))
     # "num_heads ... 需要与shape中的query的N轴shape值相同"; num_key_value_heads "需要与shape中的key/value的N轴shape值相同"
     _require(q.shape[1] == num_heads, FIA, f"num_heads={num_heads} but query has N={q.shape[1]} ({layout})")
-    _require(k.shape[1] == kv_heads, FIA,
-             f"key/value have N={k.shape[1]} but num_key_value_heads={num_key_value_heads} means {kv_heads} "
-             "(0 = same as num_heads); pass num_key_value_heads for GQA")
+    _require(
+        k.shape[1] == kv_heads,
+        FIA,
+        f"key/value have N={k.shape[1]} but num_key_value_heads={num_key_value_heads} means {kv_heads} "
+        "(0 = same as num_heads); pass num_key_value_heads for GQA",
+    )
     return q, k, v
 
 
@@ -485,8 +557,9 @@ def _fia_validate_shapes(q, k, v, layout: str, inner_precise: int) -> None:
         _require(layout != "BNSD_BSND", FIA, "input_layout BNSD_BSND needs Q_S > 1")
     # "inner_precise: 整型, 一共4种模式: 0、1、2、3 ... Q_S为1时该参数仅支持innerPrecise为0和1"
     allowed = (0, 1, 2, 3) if sq > 1 else (0, 1)
-    _require(inner_precise in allowed, FIA,
-             f"inner_precise must be one of {allowed} when Q_S={sq}, got {inner_precise}")
+    _require(
+        inner_precise in allowed, FIA, f"inner_precise must be one of {allowed} when Q_S={sq}, got {inner_precise}"
+    )
 
 
 def _per_batch_lengths(name: str, lengths, batch: int, full: int) -> torch.Tensor:
@@ -494,8 +567,9 @@ def _per_batch_lengths(name: str, lengths, batch: int, full: int) -> torch.Tenso
     if lengths is None:
         return torch.full((batch,), full, dtype=torch.long)
     values = [int(x) for x in (lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths)]
-    _require(len(values) == 1 or len(values) >= batch, FIA,
-             f"{name} must have 1 or >= B={batch} entries, got {len(values)}")
+    _require(
+        len(values) == 1 or len(values) >= batch, FIA, f"{name} must have 1 or >= B={batch} entries, got {len(values)}"
+    )
     values = values * batch if len(values) == 1 else values[:batch]
     _require(all(0 <= x <= full for x in values), FIA, f"{name} entries must be in 0..{full}, got {values}")
     return torch.tensor(values, dtype=torch.long)
@@ -503,7 +577,7 @@ def _per_batch_lengths(name: str, lengths, batch: int, full: int) -> torch.Tenso
 
 def _fia_keep(atten_mask, sparse_mode: int, pre: int, nxt: int, q_lens, kv_lens, b: int, sq: int, skv: int, device):
     """Boolean keep mask (B|1, 1, Q_S, KV_S) for FIA: mask / sparse mode AND the keys within actual_seq_lengths_kv."""
-    keep = (torch.arange(skv, device=device).view(1, 1, 1, skv) < kv_lens.to(device).view(-1, 1, 1, 1))
+    keep = torch.arange(skv, device=device).view(1, 1, 1, skv) < kv_lens.to(device).view(-1, 1, 1, 1)
     if atten_mask is not None:
         _check_mask_dtype(FIA, atten_mask, (torch.bool, torch.int8, torch.uint8))
     if sq == 1:
@@ -527,37 +601,91 @@ def _fia_keep(atten_mask, sparse_mode: int, pre: int, nxt: int, q_lens, kv_lens,
     return keep & _compressed_mode_keep(sparse_mode, pre, nxt, sq, skv, kv_lens - q_lens, device)
 
 
-def npu_fused_infer_attention_score(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None,
-                                    actual_seq_lengths_kv=None, dequant_scale1=None, quant_scale1=None,
-                                    dequant_scale2=None, quant_scale2=None, quant_offset2=None, antiquant_scale=None,
-                                    antiquant_offset=None, block_table=None, query_padding_size=None,
-                                    kv_padding_size=None, key_antiquant_scale=None, key_antiquant_offset=None,
-                                    value_antiquant_scale=None, value_antiquant_offset=None, key_shared_prefix=None,
-                                    value_shared_prefix=None, actual_shared_prefix_len=None, query_rope=None,
-                                    key_rope=None, key_rope_antiquant_scale=None, num_heads=1, scale=1.0,
-                                    pre_tokens=2147483647, next_tokens=2147483647, input_layout="BSH",
-                                    num_key_value_heads=0, sparse_mode=0, inner_precise=0, block_size=0,
-                                    antiquant_mode=0, softmax_lse_flag=False, key_antiquant_mode=0,
-                                    value_antiquant_mode=0):
+def npu_fused_infer_attention_score(
+    query,
+    key,
+    value,
+    *,
+    pse_shift=None,
+    atten_mask=None,
+    actual_seq_lengths=None,
+    actual_seq_lengths_kv=None,
+    dequant_scale1=None,
+    quant_scale1=None,
+    dequant_scale2=None,
+    quant_scale2=None,
+    quant_offset2=None,
+    antiquant_scale=None,
+    antiquant_offset=None,
+    block_table=None,
+    query_padding_size=None,
+    kv_padding_size=None,
+    key_antiquant_scale=None,
+    key_antiquant_offset=None,
+    value_antiquant_scale=None,
+    value_antiquant_offset=None,
+    key_shared_prefix=None,
+    value_shared_prefix=None,
+    actual_shared_prefix_len=None,
+    query_rope=None,
+    key_rope=None,
+    key_rope_antiquant_scale=None,
+    num_heads=1,
+    scale=1.0,
+    pre_tokens=2147483647,
+    next_tokens=2147483647,
+    input_layout="BSH",
+    num_key_value_heads=0,
+    sparse_mode=0,
+    inner_precise=0,
+    block_size=0,
+    antiquant_mode=0,
+    softmax_lse_flag=False,
+    key_antiquant_mode=0,
+    value_antiquant_mode=0,
+):
     """Emulated ``torch_npu.npu_fused_infer_attention_score`` (see the module docstring).
 
     Returns ``(attention_out, softmax_lse)``.
     """
-    _reject_features(FIA, pse_shift=pse_shift, dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
-                     dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2,
-                     antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset, block_table=block_table,
-                     query_padding_size=query_padding_size, kv_padding_size=kv_padding_size,
-                     key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
-                     value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
-                     key_shared_prefix=key_shared_prefix, value_shared_prefix=value_shared_prefix,
-                     actual_shared_prefix_len=actual_shared_prefix_len, query_rope=query_rope, key_rope=key_rope,
-                     key_rope_antiquant_scale=key_rope_antiquant_scale)
-    _reject_modes(FIA, block_size=block_size, antiquant_mode=antiquant_mode, key_antiquant_mode=key_antiquant_mode,
-                  value_antiquant_mode=value_antiquant_mode)
+    _reject_features(
+        FIA,
+        pse_shift=pse_shift,
+        dequant_scale1=dequant_scale1,
+        quant_scale1=quant_scale1,
+        dequant_scale2=dequant_scale2,
+        quant_scale2=quant_scale2,
+        quant_offset2=quant_offset2,
+        antiquant_scale=antiquant_scale,
+        antiquant_offset=antiquant_offset,
+        block_table=block_table,
+        query_padding_size=query_padding_size,
+        kv_padding_size=kv_padding_size,
+        key_antiquant_scale=key_antiquant_scale,
+        key_antiquant_offset=key_antiquant_offset,
+        value_antiquant_scale=value_antiquant_scale,
+        value_antiquant_offset=value_antiquant_offset,
+        key_shared_prefix=key_shared_prefix,
+        value_shared_prefix=value_shared_prefix,
+        actual_shared_prefix_len=actual_shared_prefix_len,
+        query_rope=query_rope,
+        key_rope=key_rope,
+        key_rope_antiquant_scale=key_rope_antiquant_scale,
+    )
+    _reject_modes(
+        FIA,
+        block_size=block_size,
+        antiquant_mode=antiquant_mode,
+        key_antiquant_mode=key_antiquant_mode,
+        value_antiquant_mode=value_antiquant_mode,
+    )
     if input_layout in ("TND", "TND_NTD", "NTD_TND"):
         raise NotImplementedError(f"{FIA}: input_layout {input_layout!r}: TND/varlen is not emulated")
-    _require(input_layout in FIA_LAYOUTS, FIA,
-             f"input_layout must be one of {', '.join(FIA_LAYOUTS)} (or TND), got {input_layout!r}")
+    _require(
+        input_layout in FIA_LAYOUTS,
+        FIA,
+        f"input_layout must be one of {', '.join(FIA_LAYOUTS)} (or TND), got {input_layout!r}",
+    )
     _fia_validate_dtypes(query, key, value)
     q, k, v = _fia_heads(query, key, value, input_layout, num_heads, num_key_value_heads)
     _fia_validate_shapes(q, k, v, input_layout, inner_precise)
@@ -593,7 +721,8 @@ def build_module() -> types.ModuleType:
         "torch_npu",
         "EMULATOR of torch_npu 2.13.0 for npu-port's tests (tests/emulators/torch_npu_emulator.py): emulates the "
         "documented contracts of npu_fusion_attention and npu_fused_infer_attention_score in plain PyTorch. "
-        "Not the real torch_npu; no NPU is used.")
+        "Not the real torch_npu; no NPU is used.",
+    )
     module.__spec__ = importlib.machinery.ModuleSpec("torch_npu", None)
     module.__version__ = TORCH_NPU_VERSION
     module.NPU_PORT_EMULATOR = True

@@ -16,8 +16,17 @@ import torch
 
 
 def flash_attn_func(
-    q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-    alibi_slopes=None, deterministic=False, return_attn_probs=False,
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
 ):
     if tuple(window_size) != (-1, -1) or softcap or alibi_slopes is not None or return_attn_probs:
         raise NotImplementedError("window_size / softcap / alibi_slopes / return_attn_probs are not emulated")

@@ -48,7 +48,9 @@ def memory_efficient_attention(query, key, value, attn_bias=None, p=0.0, scale=N
     if op is not None or output_dtype is not None:
         raise NotImplementedError("op / output_dtype are not emulated")
     if not (query.dim() == key.dim() == value.dim()) or query.dim() not in (3, 4, 5):
-        raise ValueError(f"query/key/value must all be BMK, BMHK or BMGHK; got {query.dim()}, {key.dim()}, {value.dim()} dims")
+        raise ValueError(
+            f"query/key/value must all be BMK, BMHK or BMGHK; got {query.dim()}, {key.dim()}, {value.dim()} dims"
+        )
     if not (query.dtype == key.dtype == value.dtype):
         raise ValueError("query, key and value must have the same dtype")
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -83,7 +85,9 @@ def build_modules():
     package.__spec__ = importlib.machinery.ModuleSpec("xformers", None, is_package=True)
     package.__path__ = []
     package.__version__ = "0.0.33+npu-port-fake"
-    ops = types.ModuleType("xformers.ops", "Stand-in for xformers.ops: memory_efficient_attention, LowerTriangularMask.")
+    ops = types.ModuleType(
+        "xformers.ops", "Stand-in for xformers.ops: memory_efficient_attention, LowerTriangularMask."
+    )
     ops.__spec__ = importlib.machinery.ModuleSpec("xformers.ops", None)
     ops.memory_efficient_attention = memory_efficient_attention
     ops.LowerTriangularMask = LowerTriangularMask

@@ -105,7 +105,8 @@ class Kernel:
             found.append(
                 Reason(
                     "device",
-                    f"tensors are on {call.device.type}; {self.name} runs on {'/'.join(self.device_types)} tensors only",
+                    f"tensors are on {call.device.type}; "
+                    f"{self.name} runs on {'/'.join(self.device_types)} tensors only",
                 )
             )
         if call.dtype not in self.dtypes:

@@ -14,7 +14,7 @@ agree to rounding.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ...device import free_memory_bytes
-from ...errors import KernelOptionError
+from ...errors import KernelOptionError, KernelRuntimeError
 from ...reasons import Reason
 from ..call import AttentionCall
 from ..masks import causal_keep
@@ -162,20 +162,23 @@ class ChunkedKernel(Kernel):
 
     def call_reasons(self, call: AttentionCall) -> List[Reason]:
         if self.plan(call) is None:
-            need = _bytes_per_score(call, self._options["upcast"])
-            return [
-                Reason(
-                    "budget",
-                    f"max_bytes={self._options['max_bytes']} cannot hold one query x one key for all "
-                    f"{call.batch} x {call.heads} batch x heads ({need} bytes); raise max_bytes",
-                )
-            ]
+            return [self._budget_reason(call)]
         return []
+
+    def _budget_reason(self, call: AttentionCall) -> Reason:
+        need = _bytes_per_score(call, self._options["upcast"])
+        return Reason(
+            "budget",
+            f"max_bytes={self._options['max_bytes']} cannot hold one query x one key for all "
+            f"{call.batch} x {call.heads} batch x heads ({need} bytes); raise max_bytes",
+        )
 
     # ---- running ------------------------------------------------------------------------------------------------
 
     def run(self, call: AttentionCall) -> Tensor:
         plan = self.plan(call)
+        if plan is None:  # free memory shrank since reasons() was asked
+            raise KernelRuntimeError(f"chunked kernel: {self._budget_reason(call)}")
         product = upcast_dtype(call.dtype) if self._options["upcast"] else call.dtype
         blocks = _Blocks(call, plan, product)
         out = torch.empty(
@@ -184,9 +187,10 @@ class ChunkedKernel(Kernel):
         for start in range(0, call.q_len, plan.query_block):
             stop = min(start + plan.query_block, call.q_len)
             query = call.query[:, :, start:stop]
-            if call.needs_grad:
-                bias = blocks.bias
-                block = checkpoint(blocks.query_block, query, start, bias, use_reentrant=False, preserve_rng_state=True)
+            if call.needs_grad:  # recompute this block in the backward instead of keeping its scores
+                block = checkpoint(
+                    blocks.query_block, query, start, blocks.bias, use_reentrant=False, preserve_rng_state=True
+                )
             else:
                 block = blocks.query_block(query, start, blocks.bias)
             out[:, :, start:stop] = block
@@ -280,7 +284,9 @@ class _Blocks:
                 scores = scores.add_(bias_block) if inplace else scores + bias_block
             if keep_block is not None:
                 masked = ~keep_block
-                scores = scores.masked_fill_(masked, float("-inf")) if inplace else scores.masked_fill(masked, float("-inf"))
+                scores = (
+                    scores.masked_fill_(masked, float("-inf")) if inplace else scores.masked_fill(masked, float("-inf"))
+                )
             block_max = scores.amax(dim=-1, keepdim=True).detach()  # -inf where the block has no key for a row
             shift = _finite_or_zero(block_max)
             probs = scores.sub_(shift).exp_() if inplace else torch.exp(scores - shift)

@@ -33,7 +33,12 @@ class FlashAttnKernel(Kernel):
     def device_reasons(self) -> List[Reason]:
         if torch.cuda.is_available():
             return []
-        return [Reason("no-device", "flash_attn is installed but no CUDA device is visible (torch.cuda.is_available() is False)")]
+        return [
+            Reason(
+                "no-device",
+                "flash_attn is installed but no CUDA device is visible (torch.cuda.is_available() is False)",
+            )
+        ]
 
     def call_reasons(self, call: AttentionCall) -> List[Reason]:
         found: List[Reason] = []
@@ -55,7 +60,10 @@ class FlashAttnKernel(Kernel):
             )
         if call.value_dim != call.head_dim:
             found.append(
-                Reason("head-dim", f"value head_dim {call.value_dim} != head_dim {call.head_dim} (flash-attn needs them equal)")
+                Reason(
+                    "head-dim",
+                    f"value head_dim {call.value_dim} != head_dim {call.head_dim} (flash-attn needs them equal)",
+                )
             )
         return found
 

@@ -50,7 +50,10 @@ class NpuFusedInferKernel(Kernel):
         )
         if call.value_dim != call.head_dim:
             found.append(
-                Reason("head-dim", f"value head_dim {call.value_dim} != key head_dim {call.head_dim} ({op} needs them equal)")
+                Reason(
+                    "head-dim",
+                    f"value head_dim {call.value_dim} != key head_dim {call.head_dim} ({op} needs them equal)",
+                )
             )
         if not incremental and call.head_dim % 16:
             found.append(

@@ -48,7 +48,9 @@ class NpuFusionKernel(Kernel):
                 )
             )
         if call.dropout_p >= 1.0:
-            found.append(Reason("dropout", "dropout_p=1 would be keep_prob=0; npu_fusion_attention needs keep_prob in (0, 1]"))
+            found.append(
+                Reason("dropout", "dropout_p=1 would be keep_prob=0; npu_fusion_attention needs keep_prob in (0, 1]")
+            )
         return found
 
     def run(self, call: AttentionCall) -> Tensor:

@@ -102,7 +102,12 @@ class SdpaKernel(Kernel):
         if backends is None:
             return []
         if _torch_version() < (2, 3):
-            return [Reason("backend", f"pinning SDPA backends needs torch >= 2.3 (torch.nn.attention); found {torch.__version__}")]
+            return [
+                Reason(
+                    "backend",
+                    f"pinning SDPA backends needs torch >= 2.3 (torch.nn.attention); found {torch.__version__}",
+                )
+            ]
         return self._pinned_backend_reasons(call, backends)
 
     def _pinned_backend_reasons(self, call: AttentionCall, backends: Tuple[str, ...]) -> List[Reason]:

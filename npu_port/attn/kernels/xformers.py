@@ -29,9 +29,7 @@ def aligned_bias(call: AttentionCall) -> tuple:
     keep = call.keep_mask()
     safe_keep, row_has_key = unmask_empty_rows(keep)
     padded = math.ceil(call.key_len / BIAS_ALIGNMENT) * BIAS_ALIGNMENT
-    buffer = torch.zeros(
-        (call.batch, call.heads, call.q_len, padded), dtype=call.dtype, device=call.device
-    )
+    buffer = torch.zeros((call.batch, call.heads, call.q_len, padded), dtype=call.dtype, device=call.device)
     bias = buffer[..., : call.key_len]
     if call.mask is not None and call.mask.bias is not None:
         bias.copy_(call.mask.bias.to(call.dtype).masked_fill(~row_has_key, 0.0).expand_as(bias))
@@ -52,7 +50,11 @@ class XformersKernel(Kernel):
     def device_reasons(self) -> List[Reason]:
         if torch.cuda.is_available():
             return []
-        return [Reason("no-device", "xformers is installed but no CUDA device is visible (torch.cuda.is_available() is False)")]
+        return [
+            Reason(
+                "no-device", "xformers is installed but no CUDA device is visible (torch.cuda.is_available() is False)"
+            )
+        ]
 
     def run(self, call: AttentionCall) -> Tensor:
         xops = self._ops()
