@@ -263,3 +263,10 @@ def test_zero_length_sequences_give_empty_or_zero_output_like_sdpa():
     no_keys = torch.zeros(1, 2, 0, 8)
     out = npu_port.attention(torch.randn(1, 2, 3, 8, requires_grad=True), no_keys, no_keys)
     assert torch.equal(out, torch.zeros(1, 2, 3, 8)) and out.requires_grad
+
+
+def test_empty_batches_in_any_layout_like_sdpa():
+    for shape_q, shape_k in (((0, 3, 8), (0, 5, 8)), ((0, 2, 3, 4, 8), (0, 2, 3, 6, 8))):
+        query, key = torch.randn(shape_q), torch.randn(shape_k)
+        expected = torch.nn.functional.scaled_dot_product_attention(query, key, key)
+        assert npu_port.attention(query, key, key).shape == expected.shape

@@ -53,7 +53,7 @@ def _flatten_mask_batch(mask: Tensor, batch_dims: Tuple[int, ...], ndim: int) ->
             f"attn_mask of shape {tuple(mask.shape)} does not broadcast over the batch dimensions {batch_dims}"
         )
     mask = mask.expand(batch_dims + tuple(mask.shape[ndim - 3 :]))
-    return mask.reshape((-1,) + tuple(mask.shape[ndim - 3 :]))
+    return mask.reshape((math.prod(batch_dims),) + tuple(mask.shape[ndim - 3 :]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,9 +150,10 @@ class AttentionCall:
                 )
 
         output_shape = tuple(query.shape[:-1]) + (value.shape[-1],)
-        q4 = query.reshape((-1,) + tuple(query.shape[-3:])) if ndim != 4 else query
-        k4 = key.reshape((-1,) + tuple(key.shape[-3:])) if ndim != 4 else key
-        v4 = value.reshape((-1,) + tuple(value.shape[-3:])) if ndim != 4 else value
+        flat = math.prod(batch_dims)  # 3-D inputs get a batch of 1, >4-D inputs one batch of all leading dims
+        q4 = query.reshape((flat,) + tuple(query.shape[-3:])) if ndim != 4 else query
+        k4 = key.reshape((flat,) + tuple(key.shape[-3:])) if ndim != 4 else key
+        v4 = value.reshape((flat,) + tuple(value.shape[-3:])) if ndim != 4 else value
         target = (q4.shape[0], heads, q_len, key_len)
         if attn_mask is not None and isinstance(attn_mask, Tensor) and ndim != 4:
             attn_mask = _flatten_mask_batch(attn_mask, batch_dims, ndim)

@@ -141,7 +141,9 @@ class SdpaKernel(Kernel):
         params_cls = getattr(torch.backends.cuda, "SDPAParams", None)
         if check is None or params_cls is None:
             return None
-        mask, _, is_causal = sdpa_mask(call) if call.mask is not None else (None, None, call.is_causal)
+        # what run() will pass, without materialising it: the (broadcast) mask, and is_causal only when unmasked
+        mask = call.mask.keep if call.mask is not None else None
+        is_causal = call.is_causal and call.mask is None
         try:
             params = params_cls(call.query, call.key, call.value, mask, call.dropout_p, is_causal, call.enable_gqa)
             return None if check(params, False) else "torch's support check refuses these inputs"
