@@ -124,3 +124,16 @@ def test_default_budget_comes_from_free_memory_with_a_cap(monkeypatch):
     assert chunked.default_budget(torch.device("cpu")) == 128 * MiB
     monkeypatch.setattr(chunked, "free_memory_bytes", lambda device: None)
     assert chunked.default_budget(torch.device("meta")) == 2048 * MiB
+
+
+def test_reasons_do_not_ask_the_device_for_free_memory(monkeypatch):
+    """reasons() runs on every call that selects a kernel: with the default budget it must not probe the device."""
+    from npu_port.attn.kernels import chunked
+
+    probes = []
+    monkeypatch.setattr(chunked, "free_memory_bytes", lambda device: probes.append(device) or 64 << 30)
+    call = _call(2, 8, 4096, 64)
+    assert npu_port.get_kernel("chunked").reasons(call) == []
+    assert probes == []
+    npu_port.get_kernel("chunked").run(_call(1, 1, 8, 8))  # running sizes the blocks: one probe
+    assert len(probes) == 1

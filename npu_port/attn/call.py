@@ -17,11 +17,7 @@ import torch
 from torch import Tensor
 
 from ..errors import AttentionInputError
-from .masks import CanonicalMask, canonicalize, causal_keep
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
+from .masks import CanonicalMask, canonicalize, causal_keep, dtype_name
 
 
 def _check_tensor(name: str, value: object) -> Tensor:
@@ -29,7 +25,7 @@ def _check_tensor(name: str, value: object) -> Tensor:
         raise AttentionInputError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if not value.dtype.is_floating_point:
         raise AttentionInputError(
-            f"{name} has dtype {_dtype_name(value.dtype)}; attention needs float16, bfloat16, float32 or float64"
+            f"{name} has dtype {dtype_name(value.dtype)}; attention needs float16, bfloat16, float32 or float64"
         )
     if value.dim() < 3:
         raise AttentionInputError(
@@ -96,7 +92,7 @@ class AttentionCall:
         if not (query.dtype == key.dtype == value.dtype):
             raise AttentionInputError(
                 "query, key and value must share one dtype; got "
-                f"query {_dtype_name(query.dtype)}, key {_dtype_name(key.dtype)}, value {_dtype_name(value.dtype)}"
+                f"query {dtype_name(query.dtype)}, key {dtype_name(key.dtype)}, value {dtype_name(value.dtype)}"
             )
         if not (query.device == key.device == value.device):
             raise AttentionInputError(
@@ -255,7 +251,7 @@ class AttentionCall:
         else:
             mask = f"{self.mask.kind} mask {self.mask.shape}"
         return (
-            f"query {tuple(self.query.shape)} {_dtype_name(self.dtype)} on {self.device}, "
+            f"query {tuple(self.query.shape)} {dtype_name(self.dtype)} on {self.device}, "
             f"key {tuple(self.key.shape)}, value {tuple(self.value.shape)}, {mask}, "
             f"is_causal={self.is_causal}, dropout_p={self.dropout_p:g}, scale={self.scale:.4g}"
             + (", grad" if self.needs_grad else "")

@@ -49,7 +49,8 @@ def _require_tensor(mask: object, argument: str = "mask") -> Tensor:
     return mask
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float16`` -> ``"float16"``, as error messages print dtypes."""
     return str(dtype).replace("torch.", "")
 
 
@@ -63,7 +64,7 @@ def keep_from_masked(mask: Tensor) -> Tensor:
         return ~mask
     if mask.dtype.is_floating_point or mask.dtype.is_complex:
         raise AttentionInputError(
-            f"keep_from_masked expects a bool or 0/1 integer mask (True/1 = masked), got {_dtype_name(mask.dtype)}; "
+            f"keep_from_masked expects a bool or 0/1 integer mask (True/1 = masked), got {dtype_name(mask.dtype)}; "
             "for an additive float mask use keep_from_additive"
         )
     return mask == 0
@@ -73,7 +74,7 @@ def masked_from_keep(keep: Tensor) -> Tensor:
     """Keep-mask -> Ascend polarity (True = masked out), the form Ascend attention ops take."""
     keep = _require_tensor(keep, "keep")
     if keep.dtype != torch.bool:
-        raise AttentionInputError(f"masked_from_keep expects a bool keep-mask, got {_dtype_name(keep.dtype)}")
+        raise AttentionInputError(f"masked_from_keep expects a bool keep-mask, got {dtype_name(keep.dtype)}")
     return ~keep
 
 
@@ -85,7 +86,7 @@ def keep_from_additive(mask: Tensor, masked_at_or_below: float = MASKED_AT_OR_BE
     """
     mask = _require_tensor(mask)
     if not mask.dtype.is_floating_point:
-        raise AttentionInputError(f"keep_from_additive expects a float additive mask, got {_dtype_name(mask.dtype)}")
+        raise AttentionInputError(f"keep_from_additive expects a float additive mask, got {dtype_name(mask.dtype)}")
     return mask > masked_at_or_below
 
 
@@ -93,9 +94,9 @@ def additive_from_keep(keep: Tensor, dtype: torch.dtype = torch.float32) -> Tens
     """Keep-mask -> additive float mask: 0 where kept, ``-inf`` where masked."""
     keep = _require_tensor(keep, "keep")
     if keep.dtype != torch.bool:
-        raise AttentionInputError(f"additive_from_keep expects a bool keep-mask, got {_dtype_name(keep.dtype)}")
+        raise AttentionInputError(f"additive_from_keep expects a bool keep-mask, got {dtype_name(keep.dtype)}")
     if not dtype.is_floating_point:
-        raise AttentionInputError(f"additive_from_keep needs a floating dtype, got {_dtype_name(dtype)}")
+        raise AttentionInputError(f"additive_from_keep needs a floating dtype, got {dtype_name(dtype)}")
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
 
 
@@ -205,7 +206,7 @@ def canonicalize(attn_mask: Optional[Tensor], target: Sequence[int], device: tor
     target = tuple(int(t) for t in target)
     if attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point:
         raise AttentionInputError(
-            f"attn_mask dtype {_dtype_name(attn_mask.dtype)} is ambiguous: pass a bool mask (True = take part) "
+            f"attn_mask dtype {dtype_name(attn_mask.dtype)} is ambiguous: pass a bool mask (True = take part) "
             "or a float additive mask (0 = keep, -inf = masked). Convert with npu_port.masks.keep_from_masked(mask) "
             "if 1 means masked (Ascend ops), or npu_port.masks.keep_from_binary(mask) if 1 means keep "
             "(tokenizer attention_mask)"

@@ -28,13 +28,12 @@ def runnable_kernels(call: AttentionCall) -> List[str]:
 
 def first_runnable(call: AttentionCall, order: Sequence[Union[str, Kernel]]) -> Kernel:
     """The first kernel in ``order`` with no reasons; otherwise :class:`NoKernelError` with everyone's reasons."""
-    refusals: Dict[str, List[str]] = {}
     for entry in order:
         kernel = get_kernel(entry)
-        found = kernel.reasons(call)
-        if not found:
+        if not kernel.reasons(call):
             return kernel
-        refusals[kernel.name] = found
+    # only on failure: ask again and collect everyone's reasons for the message
+    refusals: Dict[str, List[str]] = {get_kernel(e).name: get_kernel(e).reasons(call) for e in order}
     raise NoKernelError(call.describe(), refusals)
 
 

@@ -21,12 +21,35 @@ from ..._optional import PackageStatus, probe
 from ...errors import KernelOptionError
 from ...reasons import Reason
 from ..call import AttentionCall
+from ..masks import dtype_name
 
 FLOAT_DTYPES: Tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def dtype_names(dtypes) -> str:
-    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+    return ", ".join(dtype_name(d) for d in dtypes)
+
+
+def check_bool(name: str) -> Callable[[Any], bool]:
+    """An option check accepting only True / False."""
+
+    def check(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise KernelOptionError(f"option {name} must be True or False, got {value!r}")
+        return value
+
+    return check
+
+
+def check_positive_int_or_none(name: str) -> Callable[[Any], Optional[int]]:
+    """An option check accepting None or an int >= 1."""
+
+    def check(value: Any) -> Optional[int]:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise KernelOptionError(f"option {name} must be a positive int or None, got {value!r}")
+        return value
+
+    return check
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ agree to rounding.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -22,40 +22,25 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ...device import free_memory_bytes
-from ...errors import KernelOptionError, KernelRuntimeError
+from ...errors import KernelRuntimeError
 from ...reasons import Reason
 from ..call import AttentionCall
 from ..masks import causal_keep
 from ..registry import register_kernel
 from ._matmul import fold_kv, fold_query, fold_scores, scaled_scores, unfold_scores
 from ._softmax import masked_softmax, upcast_dtype
-from .base import Kernel, Option
+from .base import Kernel, Option, check_bool, check_positive_int_or_none
 
 MiB = 1 << 20
 #: Budget caps when ``max_bytes`` is not given: large enough for efficient products, small enough to leave room.
 DEFAULT_CAP_BYTES = {"cpu": 128 * MiB}
 DEFAULT_CAP_OTHER = 2048 * MiB
+#: The default budget never goes below this, however little memory is free.
+MIN_BUDGET = MiB
 #: Share of the free memory the default budget may take.
 FREE_MEMORY_SHARE = 0.25
 #: Below this many query rows per block (or keys per block) products get inefficient; prefer splitting keys.
 MIN_BLOCK = 32
-
-
-def _check_positive_int(name: str):
-    def check(value: Any) -> Optional[int]:
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise KernelOptionError(f"option {name} must be a positive int or None, got {value!r}")
-        return value
-
-    return check
-
-
-def _check_bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise KernelOptionError(f"option upcast must be True or False, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -85,7 +70,7 @@ def default_budget(device: torch.device) -> int:
     free = free_memory_bytes(device)
     if free is None:
         return cap
-    return max(MiB, min(cap, int(free * FREE_MEMORY_SHARE)))
+    return max(MIN_BUDGET, min(cap, int(free * FREE_MEMORY_SHARE)))
 
 
 def _bytes_per_score(call: AttentionCall, upcast: bool) -> int:
@@ -122,15 +107,15 @@ class ChunkedKernel(Kernel):
     OPTIONS = {
         "max_bytes": Option(
             None,
-            _check_positive_int("max_bytes"),
+            check_positive_int_or_none("max_bytes"),
             "working-memory budget for one block in bytes; default: a quarter of the free device memory, "
             "capped at 128 MiB on cpu and 2 GiB on accelerators",
         ),
-        "query_block": Option(None, _check_positive_int("query_block"), "force this many queries per block"),
-        "key_block": Option(None, _check_positive_int("key_block"), "force this many keys per block"),
+        "query_block": Option(None, check_positive_int_or_none("query_block"), "force this many queries per block"),
+        "key_block": Option(None, check_positive_int_or_none("key_block"), "force this many keys per block"),
         "upcast": Option(
             True,
-            _check_bool,
+            check_bool("upcast"),
             "multiply half-precision inputs in float32 (default: scores are never rounded to float16/bfloat16); "
             "False keeps the products in the input dtype, faster on accelerators",
         ),
@@ -161,6 +146,8 @@ class ChunkedKernel(Kernel):
         return ChunkPlan(query_block, key_block, budget, per_score)
 
     def call_reasons(self, call: AttentionCall) -> List[Reason]:
+        if self._options["max_bytes"] is None and _bytes_per_score(call, self._options["upcast"]) <= MIN_BUDGET:
+            return []  # the default budget is never below MIN_BUDGET: no need to ask the device for free memory
         if self.plan(call) is None:
             return [self._budget_reason(call)]
         return []

@@ -15,24 +15,15 @@ Memory is ``O(B * H * Sq * Skv)``: the score tensor is materialised. Use ``chunk
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...errors import KernelOptionError
 from ..call import AttentionCall
 from ..registry import register_kernel
 from ._matmul import fold_kv, fold_query, fold_scores, scaled_scores, unfold_scores
 from ._softmax import masked_softmax, upcast_dtype
-from .base import Kernel, Option
-
-
-def _check_bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise KernelOptionError(f"option upcast must be True or False, got {value!r}")
-    return value
+from .base import Kernel, Option, check_bool
 
 
 @register_kernel
@@ -44,7 +35,7 @@ class MathKernel(Kernel):
     OPTIONS = {
         "upcast": Option(
             True,
-            _check_bool,
+            check_bool("upcast"),
             "multiply half-precision inputs in float32 (default, like SDPA's math backend); False keeps the legacy "
             "formulation's products in the input dtype",
         ),

@@ -62,8 +62,9 @@ def _sdpa_context(backends: Optional[Tuple[str, ...]]):
     return sdpa_kernel([getattr(SDPBackend, BACKENDS[b]) for b in backends])
 
 
-def _supports_enable_gqa() -> bool:
-    return _torch_version() >= (2, 5)
+#: Parsed once: these run on every call.
+TORCH_VERSION = _torch_version()
+SUPPORTS_ENABLE_GQA = TORCH_VERSION >= (2, 5)
 
 
 def sdpa_mask(call: AttentionCall) -> Tuple[Optional[Tensor], Optional[Tensor], bool]:
@@ -101,7 +102,7 @@ class SdpaKernel(Kernel):
         backends = self._options["backends"]
         if backends is None:
             return []
-        if _torch_version() < (2, 3):
+        if TORCH_VERSION < (2, 3):
             return [
                 Reason(
                     "backend",
@@ -154,7 +155,7 @@ class SdpaKernel(Kernel):
         mask, row_has_key, is_causal = sdpa_mask(call)
         key, value, gqa = call.key, call.value, call.group > 1
         kwargs = {}
-        if gqa and _supports_enable_gqa():
+        if gqa and SUPPORTS_ENABLE_GQA:
             kwargs["enable_gqa"] = True
         elif gqa:  # torch < 2.5: share heads by expanding key/value
             key = key.repeat_interleave(call.group, dim=1)
