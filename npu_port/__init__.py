@@ -18,7 +18,10 @@ from .errors import (
     KernelUnavailableError,
     NoKernelError,
     NpuPortError,
+    StrategyError,
+    StrategyFileError,
     UnknownKernelError,
+    UnknownStrategyError,
 )
 from .reasons import Reason
 
@@ -33,6 +36,15 @@ _LAZY: Dict[str, str] = {
     "register_kernel": "npu_port.attn.registry",
     "runnable_kernels": "npu_port.attn.select",
     "masks": "npu_port.attn.masks",
+    "Strategy": "npu_port.strategy.spec",
+    "StrategyHandle": "npu_port.strategy.api",
+    "attention_strategy": "npu_port.strategy.api",
+    "set_attention_strategy": "npu_port.strategy.api",
+    "get_strategy": "npu_port.strategy.registry",
+    "list_strategies": "npu_port.strategy.registry",
+    "load_strategy_file": "npu_port.strategy.registry",
+    "register_strategy": "npu_port.strategy.registry",
+    "unregister_strategy": "npu_port.strategy.registry",
 }
 
 if TYPE_CHECKING:  # static analysers see the real objects
@@ -42,6 +54,15 @@ if TYPE_CHECKING:  # static analysers see the real objects
     from .attn.kernels.base import Kernel
     from .attn.registry import get_kernel, kernel_names, kernels, register_kernel
     from .attn.select import runnable_kernels
+    from .strategy.api import StrategyHandle, attention_strategy, set_attention_strategy
+    from .strategy.registry import (
+        get_strategy,
+        list_strategies,
+        load_strategy_file,
+        register_strategy,
+        unregister_strategy,
+    )
+    from .strategy.spec import Strategy
 
 
 def __getattr__(name: str) -> Any:
@@ -60,6 +81,18 @@ def __dir__():
 
 __all__ = [
     "AttentionCall",
+    "Strategy",
+    "StrategyError",
+    "StrategyFileError",
+    "StrategyHandle",
+    "UnknownStrategyError",
+    "attention_strategy",
+    "get_strategy",
+    "list_strategies",
+    "load_strategy_file",
+    "register_strategy",
+    "set_attention_strategy",
+    "unregister_strategy",
     "AttentionInputError",
     "Kernel",
     "KernelOptionError",

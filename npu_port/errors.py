@@ -65,3 +65,29 @@ class NoKernelError(NpuPortError, RuntimeError):
 
 class KernelRuntimeError(NpuPortError, RuntimeError):
     """A kernel accepted a call but its backend failed; the message says which kernel and what to try instead."""
+
+
+class UnknownStrategyError(NpuPortError, ValueError):
+    """A strategy name that is neither built in, registered, nor a YAML file on the search path."""
+
+    def __init__(self, name: str, valid: Sequence[str], searched: Sequence[str]):
+        self.name = name
+        self.valid = list(valid)
+        self.searched = list(searched)
+        message = f"unknown attention strategy {name!r}; valid strategies: {', '.join(self.valid)}"
+        if self.searched:
+            message += f"; YAML searched: {', '.join(self.searched)}"
+        super().__init__(message)
+
+
+class StrategyFileError(NpuPortError, ValueError):
+    """A strategy or profile file that does not follow the schema; the message starts with ``file:line:``."""
+
+    def __init__(self, path: str, line: int, message: str):
+        self.path = path
+        self.line = line
+        super().__init__(f"{path}:{line}: {message}")
+
+
+class StrategyError(NpuPortError, ValueError):
+    """A strategy that cannot be applied as asked (bad option, missing processor, unavailable kernel)."""

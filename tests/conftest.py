@@ -91,3 +91,17 @@ def xformers_stand_in():
 def flash_attn_stand_in():
     with fake_flash_attn() as module:
         yield module
+
+
+@pytest.fixture(autouse=True)
+def _isolated_strategy_state(tmp_path_factory, monkeypatch):
+    """Every test gets its own auto cache directory and must leave no strategy applied process-wide."""
+    monkeypatch.setenv("NPU_PORT_CACHE_DIR", str(tmp_path_factory.mktemp("npu-port-cache")))
+    monkeypatch.delenv("NPU_PORT_STRATEGY_PATH", raising=False)
+    yield
+    from npu_port.strategy.process import STATE
+
+    leaked = list(STATE.active)
+    for handle in leaked:
+        handle.restore()
+    assert not leaked, f"test left strategies applied process-wide: {leaked}"

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any, Dict, List
+
+
+def add_parser(commands: "argparse._SubParsersAction") -> None:
+    parser = commands.add_parser("kernels", help="list attention kernels and why any cannot run on this machine")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("-v", "--verbose", action="store_true", help="devices, dtypes, limits and options too")
 
 
 def kernels_report() -> Dict[str, Any]:
@@ -60,7 +67,7 @@ def render_text(report: Dict[str, Any], verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
-def run(as_json: bool, verbose: bool) -> int:
+def run(args: argparse.Namespace) -> int:
     report = kernels_report()
-    print(json.dumps(report, indent=2, default=str) if as_json else render_text(report, verbose))
+    print(json.dumps(report, indent=2, default=str) if args.json else render_text(report, args.verbose))
     return 0

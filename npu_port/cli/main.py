@@ -7,6 +7,7 @@ torch_npu-without-CANN failure — is diagnosed instead of dumping a traceback (
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from typing import List, Optional
 
@@ -17,6 +18,19 @@ EXIT_USAGE_OR_NPU_PORT_ERROR = 2
 EXIT_BROKEN_TORCH = 3
 
 
+#: Subcommand -> module in npu_port.cli with ``add_parser(commands)`` and ``run(args) -> int``. Modules import
+#: torch (and anything heavy) only inside ``run``, so ``--help`` and broken-torch diagnosis always work.
+COMMANDS = {
+    "kernels": "kernels_cmd",
+    "strategies": "strategies_cmd",
+    "bench": "bench_cmd",
+}
+
+
+def _command_module(command: str):
+    return importlib.import_module(f"{__package__}.{COMMANDS[command]}")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="npu-port",
@@ -24,9 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"npu-port {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    kernels = commands.add_parser("kernels", help="list attention kernels and why any cannot run on this machine")
-    kernels.add_argument("--json", action="store_true", help="machine-readable output")
-    kernels.add_argument("-v", "--verbose", action="store_true", help="devices, dtypes, limits and options too")
+    for command in COMMANDS:
+        _command_module(command).add_parser(commands)
     return parser
 
 
@@ -58,14 +71,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     from ..errors import NpuPortError
 
     try:
-        if args.command == "kernels":
-            from . import kernels_cmd
-
-            return kernels_cmd.run(as_json=args.json, verbose=args.verbose)
+        return _command_module(args.command).run(args)
     except NpuPortError as exc:
         print(f"npu-port: {exc}", file=sys.stderr)
         return EXIT_USAGE_OR_NPU_PORT_ERROR
-    raise AssertionError(f"unhandled command {args.command!r}")
 
 
 if __name__ == "__main__":  # pragma: no cover

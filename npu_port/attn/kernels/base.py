@@ -183,12 +183,25 @@ class Kernel:
         """Compute attention for a call whose ``reasons`` are empty; returns ``(B, Hq, Sq, Dv)``."""
         raise NotImplementedError
 
+    def score_bytes(self, call: AttentionCall) -> int:
+        """Bytes of attention scores this kernel materialises for ``call`` (0 for fused, O(S) kernels).
+
+        ``auto`` compares this with its memory budget before running a candidate, so that probing a kernel can
+        never be what runs the device out of memory.
+        """
+        return 0
+
     # ---- presentation -------------------------------------------------------------------------------------------
 
     def __repr__(self) -> str:
         changed = {k: v for k, v in self._options.items() if v != self.OPTIONS[k].default}
         args = ", ".join(f"{k}={v!r}" for k, v in changed.items())
         return f"{type(self).__name__}({args})"
+
+
+def full_score_bytes(call: AttentionCall, element_bytes: int) -> int:
+    """Scores and probabilities for the whole call: ``2 * B * H * Sq * Skv`` elements."""
+    return 2 * call.batch * call.heads * call.q_len * call.key_len * element_bytes
 
 
 def zero_fully_masked_rows(out: Tensor, row_has_key: Optional[Tensor]) -> Tensor:

@@ -23,7 +23,7 @@ from ..call import AttentionCall
 from ..registry import register_kernel
 from ._matmul import fold_kv, fold_query, fold_scores, scaled_scores, unfold_scores
 from ._softmax import masked_softmax, upcast_dtype
-from .base import Kernel, Option, check_bool
+from .base import Kernel, Option, check_bool, full_score_bytes
 
 
 @register_kernel
@@ -40,6 +40,10 @@ class MathKernel(Kernel):
             "formulation's products in the input dtype",
         ),
     }
+
+    def score_bytes(self, call: AttentionCall) -> int:
+        product_dtype = upcast_dtype(call.dtype) if self._options["upcast"] else call.dtype
+        return full_score_bytes(call, torch.empty((), dtype=product_dtype).element_size())
 
     def run(self, call: AttentionCall) -> Tensor:
         product_dtype = upcast_dtype(call.dtype) if self._options["upcast"] else call.dtype

@@ -20,7 +20,7 @@ from ...errors import KernelOptionError, KernelRuntimeError
 from ...reasons import Reason
 from ..call import AttentionCall
 from ..registry import register_kernel
-from .base import Kernel, Option, unmask_empty_rows, zero_fully_masked_rows
+from .base import Kernel, Option, full_score_bytes, unmask_empty_rows, zero_fully_masked_rows
 
 #: Our backend names -> ``torch.nn.attention.SDPBackend`` member names.
 BACKENDS = {
@@ -150,6 +150,14 @@ class SdpaKernel(Kernel):
             return None if check(params, False) else "torch's support check refuses these inputs"
         except (TypeError, RuntimeError):
             return None
+
+    def score_bytes(self, call: AttentionCall) -> int:
+        """SDPA materialises the scores when it has to use its math backend: dropout on cpu, or math pinned."""
+        backends = self._options["backends"]
+        math_only = backends is not None and set(backends) <= {"math"}
+        if math_only or (call.device.type == "cpu" and call.dropout_p > 0):
+            return full_score_bytes(call, 4)
+        return 0
 
     def run(self, call: AttentionCall) -> Tensor:
         mask, row_has_key, is_causal = sdpa_mask(call)

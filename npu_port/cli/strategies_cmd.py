@@ -1,0 +1,120 @@
+"""``npu-port strategies``: every strategy and profile, whether it can run here (and why not); ``--explain`` applies
+one to a tiny diffusers model, runs it, and prints what was decided per attention shape."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Dict, List
+
+#: Tiny models --explain can build (seeded weights, built from configs: no download).
+EXPLAIN_MODELS = ("unet", "dit")
+
+
+def add_parser(commands: "argparse._SubParsersAction") -> None:
+    parser = commands.add_parser(
+        "strategies", help="list attention strategies and profiles; --explain shows auto's measurements"
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--explain",
+        nargs="?",
+        const="auto",
+        metavar="STRATEGY",
+        help="apply STRATEGY (default: auto) to a tiny diffusers model, run it, and explain the decisions",
+    )
+    parser.add_argument(
+        "--model", default="unet", choices=EXPLAIN_MODELS, help="tiny model for --explain (default: unet)"
+    )
+    parser.add_argument("--show", metavar="NAME", help="print one strategy's resolved definition")
+
+
+def strategy_entry(name: str) -> Dict[str, Any]:
+    """One row of the listing: the definition plus availability on this machine."""
+    from ..strategy.registry import get_strategy
+    from ..strategy.router import StrategyRouter
+
+    strategy = get_strategy(name)
+    entry: Dict[str, Any] = {
+        "name": strategy.name,
+        "kind": strategy.kind,
+        "description": strategy.description,
+        "select": strategy.select,
+        "candidates": list(strategy.candidates),
+        "extends": strategy.extends,
+        "source": strategy.source,
+    }
+    if strategy.is_custom_processor:
+        ready = strategy.processor is not None
+        entry["available"] = ready
+        entry["reasons"] = {} if ready else {"processor": ["give processor='package.module:Class'"]}
+        return entry
+    availability = StrategyRouter(strategy).availability()
+    entry["available"] = any(not reasons for reasons in availability.values())
+    entry["reasons"] = {name: reasons for name, reasons in availability.items() if reasons}
+    return entry
+
+
+def render(entries: List[Dict[str, Any]], searched: List[str]) -> str:
+    lines: List[str] = []
+    for kind, title in (("strategy", "Strategies"), ("profile", "Profiles")):
+        rows = [e for e in entries if e["kind"] == kind]
+        if not rows:
+            continue
+        lines.append(f"{title}:")
+        width = max(len(e["name"]) for e in rows)
+        for e in rows:
+            state = "yes" if e["available"] else "no "
+            lines.append(f"  {e['name']:<{width}}  available: {state}  {e['description']}")
+            if e["reasons"] and (not e["available"] or e["select"] != "measure"):
+                for kernel, reasons in e["reasons"].items():
+                    lines.append(f"  {'':<{width}}    {kernel}: {reasons[0]}")
+        lines.append("")
+    lines.append("YAML searched: " + ", ".join(searched))
+    lines.append("Add your own: a .yaml file in a directory listed in NPU_PORT_STRATEGY_PATH (see README).")
+    return "\n".join(lines)
+
+
+def show(name: str) -> str:
+    from dataclasses import asdict
+
+    from ..strategy.registry import get_strategy
+
+    data = asdict(get_strategy(name))
+    return json.dumps(data, indent=2, default=str)
+
+
+def explain(strategy: str, model_name: str) -> str:
+    """Apply ``strategy`` to a tiny seeded model, run one forward, and return the handle's explanation."""
+    import torch
+
+    from ..integrations.diffusers.tiny import tiny_inputs, tiny_model
+    from ..strategy.api import set_attention_strategy
+
+    model = tiny_model(model_name)
+    inputs = tiny_inputs(model)
+    handle = set_attention_strategy(strategy, target=model)
+    try:
+        with torch.no_grad():
+            model(**inputs)
+        header = f"tiny {model_name} ({type(model).__name__}, random seeded weights), one forward pass"
+        return header + "\n" + handle.explain()
+    finally:
+        handle.restore()
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..strategy.registry import list_strategies, searched_locations
+
+    if args.show:
+        print(show(args.show))
+        return 0
+    if args.explain:
+        print(explain(args.explain, args.model))
+        return 0
+    entries = [strategy_entry(name) for name in list_strategies()]
+    if args.json:
+        print(json.dumps({"strategies": entries, "searched": searched_locations()}, indent=2, default=str))
+    else:
+        print(render(entries, searched_locations()))
+    return 0

@@ -1,0 +1,165 @@
+"""``set_attention_strategy`` / ``attention_strategy`` and the handle they return.
+
+``target=None`` applies a strategy process-wide: environment variables (and diffusers' runtime equivalent), and the
+kernel ``npu_port.attention(kernel=None)`` uses. ``target=model_or_pipeline`` applies it to every diffusers
+``Attention`` module in it (through :mod:`npu_port.integrations.diffusers`) and changes nothing else. Either way
+the handle can say what it did (``explain()``) and undo it exactly (``restore()``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Iterator, List, Optional
+
+from ..errors import StrategyError
+from .process import STATE
+from .registry import import_attr, is_processor_class, resolve
+from .router import StrategyRouter
+from .spec import Strategy
+
+
+class StrategyHandle:
+    """An applied strategy: ``.name`` (what it resolved to), ``.explain()``, ``.restore()``; a context manager."""
+
+    def __init__(self, strategy: Strategy, router: Optional[StrategyRouter], target: Any = None) -> None:
+        self.strategy = strategy
+        self.router = router
+        self.target = target
+        self.applied: Any = None  # the diffusers integration's record, when target is given
+        self.notes: List[str] = []
+        self.restored = False
+
+    @property
+    def name(self) -> str:
+        """The kernel(s) the strategy resolved to so far (``auto`` measures per shape), or the strategy's name."""
+        if self.router is None:
+            processor = self.strategy.processor
+            label = processor.__qualname__ if isinstance(processor, type) else str(processor)
+            return f"custom-processor:{label}"
+        if self.strategy.select == "fixed":
+            return self.strategy.name
+        resolved = self.router.resolved()
+        if not resolved:
+            return self.strategy.name
+        return resolved[0] if len(resolved) == 1 else "+".join(resolved)
+
+    @property
+    def calls(self) -> Dict[str, int]:
+        """Attention calls routed so far, per kernel."""
+        return dict(self.router.calls) if self.router is not None else {}
+
+    def explain(self) -> str:
+        """What was applied where, and per shape bucket each candidate's time, parity error or refusal."""
+        lines: List[str] = []
+        if self.router is not None:
+            lines += self.router.explain_lines()
+        else:
+            lines.append(f"strategy custom-processor ({self.name})")
+        if self.target is None:
+            lines.append("  applied process-wide: npu_port.attention(kernel=None) and environment variables")
+            for key, value in self.strategy.env.items():
+                lines.append(f"    {key}={value}")
+        elif self.applied is not None:
+            counts = self.applied.counts()
+            done = ", ".join(f"{n} {action}" for action, n in counts.items()) or "nothing"
+            lines.append(f"  applied to {type(self.target).__name__}: {done} attention modules")
+        lines += [f"  note: {note}" for note in self.notes]
+        if self.restored:
+            lines.append("  restored")
+        return "\n".join(lines)
+
+    def report(self) -> Dict[str, Any]:
+        """The same as ``explain()``, as JSON-ready data."""
+        data: Dict[str, Any] = {
+            "strategy": self.strategy.name,
+            "resolved": self.name,
+            "select": self.strategy.select,
+            "candidates": list(self.strategy.candidates),
+            "calls": self.calls,
+            "notes": list(self.notes),
+            "restored": self.restored,
+        }
+        if self.router is not None:
+            data["decisions"] = [d.to_dict() for d in self.router.decisions.values()]
+        if self.applied is not None:
+            data["modules"] = self.applied.counts()
+        return data
+
+    def restore(self) -> None:
+        """Undo everything this handle did (idempotent). Processors come back as the very same objects."""
+        if self.restored:
+            return
+        if self.target is None:
+            STATE.deactivate(self)
+        elif self.applied is not None:
+            self.applied.restore()
+        self.restored = True
+
+    def __enter__(self) -> "StrategyHandle":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.restore()
+
+    def __repr__(self) -> str:
+        where = "process" if self.target is None else type(self.target).__name__
+        state = ", restored" if self.restored else ""
+        return f"<StrategyHandle {self.strategy.name} -> {self.name} on {where}{state}>"
+
+
+def _processor_class(strategy: Strategy) -> type:
+    processor = strategy.processor
+    if processor is None:
+        raise StrategyError(
+            "custom-processor needs the processor class: set_attention_strategy('custom-processor', target=model, "
+            "processor='package.module:Class'), or a strategy file that extends custom-processor and sets processor"
+        )
+    if isinstance(processor, str):
+        processor = import_attr(processor, origin=strategy.processor_origin)
+    if not is_processor_class(processor):
+        raise StrategyError(f"processor must be a class with __call__, got {processor!r}")
+    return processor
+
+
+def set_attention_strategy(strategy: Any = "auto", target: Any = None, **options: Any) -> StrategyHandle:
+    """Apply an attention strategy process-wide (``target=None``) or to a diffusers model / pipeline.
+
+    ``strategy``: a built-in or registered name (``npu_port.list_strategies()``), a YAML file path, a processor
+    class, ``"package.module:attr"``, or a :class:`~npu_port.strategy.spec.Strategy`. ``options`` override the
+    strategy's ``options:`` (``memory_budget``, ``sdpa_backends``, ``compute_dtype``, ``repeats``, ...) and may set
+    ``candidates``, ``processor`` or ``kernel_options``. Returns a :class:`StrategyHandle`.
+    """
+    spec = resolve(strategy)
+    if options:
+        spec = spec.with_overrides(**options)
+    if spec.is_custom_processor:
+        if target is None:
+            raise StrategyError(
+                "custom-processor installs a processor on diffusers Attention modules; pass target=model or pipeline"
+            )
+        processor = _processor_class(spec)
+        handle = StrategyHandle(spec, None, target)
+        from ..integrations.diffusers import apply_to_target
+
+        handle.applied = apply_to_target(target, None, processor_factory=processor)
+        return handle
+    router = StrategyRouter(spec)
+    router.check_available()
+    handle = StrategyHandle(spec, router, target)
+    if target is None:
+        handle.notes = STATE.activate(handle)
+    else:
+        from ..integrations.diffusers import apply_to_target
+
+        handle.applied = apply_to_target(target, router)
+    return handle
+
+
+@contextlib.contextmanager
+def attention_strategy(strategy: Any = "auto", target: Any = None, **options: Any) -> Iterator[StrategyHandle]:
+    """``set_attention_strategy`` for a ``with`` block: restored on exit, even on error."""
+    handle = set_attention_strategy(strategy, target, **options)
+    try:
+        yield handle
+    finally:
+        handle.restore()

@@ -1,0 +1,189 @@
+"""Measuring candidates for one shape bucket: refuse, check parity, time, pick — like Triton's autotuner, plus a
+correctness gate.
+
+For the first call in a bucket ``auto`` asks each candidate for its reasons (cheap), refuses any whose score tensor
+would not fit the memory budget, checks the rest against the math kernel on a slice of the real inputs (one batch
+entry, at most two key/value heads, the first ``parity_rows`` query rows, every key; a kernel that errors, gives
+NaN/inf or disagrees beyond the dtype's tolerance is rejected with the number recorded — a kernel can be fast and
+wrong, see pytorch#193893), then times the survivors on the real inputs (warm-up, repeats, median, device
+synchronised) within a time budget, and keeps the fastest. Only the forward pass is timed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from ..attn.call import AttentionCall
+from ..attn.kernels.base import Kernel
+from ..attn.masks import CanonicalMask
+from ..attn.registry import get_kernel
+from ..device import synchronize
+from ..errors import NoKernelError
+from .decision import OK, PICKED, REFUSED, REJECTED, SKIPPED, CandidateResult, Decision
+
+#: Largest allowed ``max|out - reference|``, relative to ``max(1, max|reference|)``, per compute dtype.
+#: The values of xformers' own tests (fp32 3e-4, fp16 4e-3, bf16 2e-2).
+TOLERANCE: Dict[torch.dtype, float] = {
+    torch.float64: 1e-6,
+    torch.float32: 3e-4,
+    torch.float16: 4e-3,
+    torch.bfloat16: 2e-2,
+}
+
+
+def _slice_mask(mask: Optional[CanonicalMask], heads: int, rows: int) -> Optional[CanonicalMask]:
+    if mask is None:
+        return None
+
+    def cut(t: Tensor) -> Tensor:
+        return t[:1, : heads if t.shape[1] > 1 else 1, : rows if t.shape[2] > 1 else 1]
+
+    return CanonicalMask(cut(mask.keep), cut(mask.bias) if mask.bias is not None else None)
+
+
+def parity_slice(call: AttentionCall, rows: int) -> AttentionCall:
+    """A small call with the same form: batch 1, up to 2 key/value heads (their query heads), the first rows."""
+    kv_heads = min(call.kv_heads, 2)
+    heads = kv_heads * call.group
+    rows = min(call.q_len, rows)
+    q = call.query[:1, :heads, :rows].detach()
+    k = call.key[:1, :kv_heads].detach()
+    v = call.value[:1, :kv_heads].detach()
+    return replace(
+        call,
+        query=q,
+        key=k,
+        value=v,
+        mask=_slice_mask(call.mask, heads, rows),
+        output_shape=(1, heads, rows, call.value_dim),
+    )
+
+
+def reference_output(sliced: AttentionCall) -> Tensor:
+    """The math kernel on the slice, in float32 (float64 for float64 inputs): the yardstick."""
+    dtype = torch.float64 if sliced.dtype == torch.float64 else torch.float32
+    mask = sliced.mask
+    if mask is not None and mask.bias is not None:
+        mask = CanonicalMask(mask.keep, mask.bias.to(dtype))
+    ref_call = replace(
+        sliced, query=sliced.query.to(dtype), key=sliced.key.to(dtype), value=sliced.value.to(dtype), mask=mask
+    )
+    return get_kernel("math").run(ref_call)
+
+
+def parity_error(kernel: Kernel, sliced: AttentionCall, reference: Tensor) -> Tuple[float, float]:
+    """(max abs error relative to the reference's scale, the tolerance); NaN/inf give an infinite error."""
+    out = kernel.run(sliced).to(reference.dtype)
+    if not bool(torch.isfinite(out).all()):
+        return float("inf"), 0.0
+    scale = max(1.0, float(reference.abs().max())) if reference.numel() else 1.0
+    error = float((out - reference).abs().max()) / scale if reference.numel() else 0.0
+    tolerance = max(TOLERANCE.get(sliced.dtype, 3e-4), TOLERANCE.get(getattr(kernel, "dtype", sliced.dtype), 0.0))
+    return error, tolerance
+
+
+def time_kernel(kernel: Kernel, call: AttentionCall, warmup: int, repeats: int, deadline: float) -> Tuple[float, int]:
+    """Median seconds of ``repeats`` synchronised runs (fewer if ``deadline`` passes; at least one)."""
+    device = call.device
+    for _ in range(warmup):
+        out = kernel.run(call)
+        if not bool(torch.isfinite(out).all()):
+            raise FloatingPointError("the output has NaN or inf values on the real inputs")
+        del out
+    times: List[float] = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        kernel.run(call)
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+        if time.perf_counter() > deadline:
+            break
+    return statistics.median(times), len(times)
+
+
+def measure(
+    call: AttentionCall,
+    bucket: str,
+    candidates: Sequence[Kernel],
+    *,
+    budget_bytes: Optional[int],
+    warmup: int,
+    repeats: int,
+    probe_seconds: float,
+    parity_rows: int,
+) -> Decision:
+    """Decide the kernel for ``call``'s bucket by measuring ``candidates`` (see the module docstring)."""
+    started = time.perf_counter()
+    deadline = started + probe_seconds
+    results: List[CandidateResult] = []
+    runnable: List[Kernel] = []
+    for kernel in candidates:
+        reasons = [str(r) for r in kernel.reasons(call)]
+        if not reasons and budget_bytes is not None:
+            needed = kernel.score_bytes(call)
+            if needed > budget_bytes:
+                reasons.append(
+                    f"would materialise {needed / 2**20:.0f} MiB of scores, over the {budget_bytes / 2**20:.0f} MiB "
+                    "memory budget"
+                )
+        if reasons:
+            results.append(CandidateResult(kernel.name, REFUSED, reasons))
+        else:
+            runnable.append(kernel)
+    if not runnable:
+        raise NoKernelError(call.describe(), {r.kernel: r.reasons for r in results})
+
+    with torch.no_grad():
+        sliced = parity_slice(call, parity_rows)
+        reference = reference_output(sliced)
+        for index, kernel in enumerate(runnable):
+            if any(r.status == OK for r in results) and time.perf_counter() > deadline:
+                results.append(
+                    CandidateResult(kernel.name, SKIPPED, [f"probe time budget ({probe_seconds:g} s) spent"])
+                )
+                continue
+            try:
+                error, tolerance = parity_error(kernel, sliced, reference)
+                if error > tolerance:
+                    what = "NaN or inf in the output" if error == float("inf") else f"max error {error:.2e}"
+                    results.append(
+                        CandidateResult(
+                            kernel.name,
+                            REJECTED,
+                            [f"disagrees with the math kernel: {what} > {tolerance:.0e}"],
+                            parity_error=error,
+                            tolerance=tolerance,
+                        )
+                    )
+                    continue
+                left = max(deadline - time.perf_counter(), 0.0)
+                share = time.perf_counter() + left / (len(runnable) - index)
+                median, runs = time_kernel(kernel, call, warmup, repeats, share)
+            except Exception as exc:  # a backend that accepts a call and then fails is exactly what auto must catch
+                message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                results.append(CandidateResult(kernel.name, REJECTED, [f"failed: {type(exc).__name__}: {message}"]))
+                continue
+            results.append(
+                CandidateResult(kernel.name, OK, median_s=median, runs=runs, parity_error=error, tolerance=tolerance)
+            )
+    timed = [r for r in results if r.status == OK]
+    if not timed:
+        raise NoKernelError(call.describe(), {r.kernel: r.reasons for r in results})
+    best = min(timed, key=lambda r: r.median_s)  # min keeps the first of equals: candidate order breaks ties
+    best.status = PICKED
+    order = {PICKED: 0, OK: 1, REJECTED: 2, SKIPPED: 3, REFUSED: 4}
+    results.sort(key=lambda r: (order[r.status], r.median_s if r.median_s is not None else 0.0))
+    return Decision(
+        bucket=bucket,
+        kernel=best.kernel,
+        select="measure",
+        candidates=results,
+        probe_seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,264 @@
+"""The strategy registry: names to :class:`Strategy` objects, from the built-in YAML, user YAML and code.
+
+Lookup order for a name: built-in files (``strategies/`` and ``strategies/profiles/``), strategies registered in
+code, then files in ``NPU_PORT_STRATEGY_PATH``. Built-in names cannot be taken by anyone else. Files are parsed on
+first use and re-parsed when they change on disk, so editing a profile needs no restart.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from ..errors import StrategyError, StrategyFileError, UnknownStrategyError
+from .loader import SUFFIXES, build, builtin_dirs, read_file, strategy_files, user_dirs
+from .spec import Strategy, check_candidates, check_env, check_import_path, check_name, check_option
+
+_CODE: Dict[str, Strategy] = {}
+_PARSED: Dict[Tuple[str, float], Strategy] = {}
+_LOADING: List[str] = []  # names whose files are being built: an extends chain that comes back is a cycle
+
+
+def _files(dirs: Iterable[Path]) -> Dict[str, Path]:
+    found: Dict[str, Path] = {}
+    for directory in dirs:
+        for path in strategy_files(directory):
+            found.setdefault(path.stem, path)
+    return found
+
+
+def _builtin_files() -> Dict[str, Path]:
+    return _files(builtin_dirs())
+
+
+def _user_files() -> Dict[str, Path]:
+    builtins = _builtin_files()
+    found = _files(user_dirs())
+    for name, path in found.items():
+        if name in builtins:
+            raise StrategyFileError(
+                str(path), 1, f"{name!r} is a built-in strategy name; rename the file and use 'extends: {name}'"
+            )
+    return found
+
+
+def load_strategy_file(path: Union[str, os.PathLike]) -> Strategy:
+    """The strategy in one YAML file (schema-checked, ``extends`` resolved)."""
+    path = Path(path).expanduser().resolve()
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        raise StrategyFileError(str(path), 1, "no such strategy file") from None
+    key = (str(path), mtime)
+    cached = _PARSED.get(key)
+    if cached is None:
+        raw = read_file(path)
+        builtin = _builtin_files().get(raw.data["name"])
+        if builtin is not None and builtin.resolve() != path:
+            raise StrategyFileError(
+                str(path), raw.line("name"), f"{raw.data['name']!r} is a built-in strategy name; choose another name"
+            )
+        if raw.data["name"] in _LOADING:
+            chain = " -> ".join(_LOADING + [raw.data["name"]])
+            raise StrategyFileError(str(path), raw.line("extends"), f"extends cycle: {chain}")
+        _LOADING.append(raw.data["name"])
+        try:
+            cached = _PARSED[key] = build(raw, get_strategy, chain=tuple(_LOADING[:-1]))
+        finally:
+            _LOADING.pop()
+    return cached
+
+
+def list_strategies(kind: Optional[str] = None) -> List[str]:
+    """Names of every strategy and profile: built-ins first, then code-registered, then user files.
+
+    ``kind``: ``"strategy"`` or ``"profile"`` to list only those.
+    """
+    names = list(_builtin_files()) + [n for n in _CODE] + [n for n in _user_files()]
+    names = list(dict.fromkeys(names))
+    if kind is None:
+        return names
+    if kind not in ("strategy", "profile"):
+        raise ValueError(f"kind must be 'strategy', 'profile' or None; got {kind!r}")
+    return [n for n in names if get_strategy(n).kind == kind]
+
+
+def searched_locations() -> List[str]:
+    """The directories searched for strategy files (for error messages and ``npu-port strategies``)."""
+    return [str(d) for d in builtin_dirs() + user_dirs()]
+
+
+def get_strategy(name: str) -> Strategy:
+    """A strategy by name, or :class:`UnknownStrategyError` listing every valid one and the places searched."""
+    if not isinstance(name, str):
+        raise TypeError(f"strategy name must be a string, got {type(name).__name__}")
+    builtin = _builtin_files().get(name)
+    if builtin is not None:
+        return load_strategy_file(builtin)
+    if name in _CODE:
+        return _CODE[name]
+    user = _user_files().get(name)
+    if user is not None:
+        return load_strategy_file(user)
+    raise UnknownStrategyError(name, list_strategies(), searched_locations())
+
+
+def register_strategy(
+    name: Union[str, Strategy],
+    *,
+    description: str = "",
+    kernel: Optional[str] = None,
+    candidates: Optional[Sequence[str]] = None,
+    select: Optional[str] = None,
+    env: Optional[Mapping[str, str]] = None,
+    options: Optional[Mapping[str, Any]] = None,
+    kernel_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    processor: Any = None,
+    extends: Optional[str] = None,
+    replace: bool = False,
+) -> Strategy:
+    """Register a strategy defined in code (or a ready :class:`Strategy`); returns it.
+
+    Same rules as a YAML file: ``kernel`` or ``candidates`` (or ``processor``, or ``extends``), valid option values,
+    known kernels. ``replace=True`` allows re-registering a code-defined name; built-in names are never replaced.
+    """
+    if isinstance(name, Strategy):
+        strategy = name
+    else:
+        check_name(name)
+        if kernel is not None and candidates is not None:
+            raise ValueError("give either kernel (one) or candidates (several), not both")
+        parent = get_strategy(extends) if extends is not None else None
+        picked: Tuple[str, ...] = parent.candidates if parent else ()
+        mode = parent.select if parent else "fixed"
+        if kernel is not None:
+            picked, mode = (kernel,), "fixed"
+        elif candidates is not None:
+            picked, mode = check_candidates(list(candidates)), (mode if mode != "fixed" else "first")
+        if select is not None:
+            mode = select
+        if processor is not None and not isinstance(processor, type):
+            processor = check_import_path(processor)
+        processor = processor if processor is not None else (parent.processor if parent else None)
+        if not picked and processor is None:
+            raise ValueError(f"strategy {name!r} needs kernel, candidates, processor or extends")
+        strategy = Strategy(
+            name=name,
+            description=description or (parent.description if parent else ""),
+            candidates=picked,
+            select=mode,
+            env={**(parent.env if parent else {}), **check_env(dict(env or {}))},
+            options={
+                **(parent.options if parent else {}),
+                **{k: check_option(k, v) for k, v in (options or {}).items()},
+            },
+            kernel_options={**(parent.kernel_options if parent else {}), **dict(kernel_options or {})},
+            processor=processor,
+            extends=extends,
+            base=(parent.base or parent.name) if parent else None,
+        )
+    check_kernels(strategy)
+    if strategy.name in _builtin_files():
+        raise ValueError(f"{strategy.name!r} is a built-in strategy; register yours under another name")
+    if strategy.name in _CODE and not replace:
+        raise ValueError(f"a strategy named {strategy.name!r} is already registered; pass replace=True to replace it")
+    _CODE[strategy.name] = strategy
+    return strategy
+
+
+def unregister_strategy(name: str) -> None:
+    """Remove a code-registered strategy (built-ins and files cannot be removed)."""
+    if name not in _CODE:
+        raise ValueError(f"no code-registered strategy named {name!r}; registered: {', '.join(_CODE) or 'none'}")
+    del _CODE[name]
+
+
+def check_kernels(strategy: Strategy) -> None:
+    """Every kernel the strategy names exists and takes the options it is given."""
+    from ..attn.registry import get_kernel, kernel_names
+
+    valid = kernel_names()
+    if strategy.select not in ("fixed", "first", "measure"):
+        raise ValueError(f"select must be one of fixed, first, measure; got {strategy.select!r}")
+    if strategy.select == "fixed" and len(strategy.candidates) > 1:
+        raise ValueError("select 'fixed' takes exactly one kernel")
+    for name in list(strategy.candidates) + list(strategy.kernel_options):
+        if name not in valid:
+            raise ValueError(
+                f"unknown kernel {name!r} in strategy {strategy.name!r}; valid kernels: {', '.join(valid)}"
+            )
+    for name, opts in strategy.kernel_options.items():
+        get_kernel(name, **dict(opts))
+
+
+def resolve(strategy: Any) -> Strategy:
+    """What ``set_attention_strategy`` accepts, as a Strategy.
+
+    A built-in or registered name; a path to a ``.yaml``/``.yml`` file; ``"package.module:attr"`` naming a
+    Strategy or a processor class; a processor class; or a Strategy.
+    """
+    if isinstance(strategy, Strategy):
+        return strategy
+    if isinstance(strategy, type):
+        return processor_strategy(strategy)
+    if isinstance(strategy, os.PathLike):
+        return load_strategy_file(strategy)
+    if not isinstance(strategy, str):
+        raise TypeError(
+            "strategy must be a name, a YAML path, a processor class, 'package.module:attr' or a Strategy; "
+            f"got {type(strategy).__name__}"
+        )
+    if strategy.endswith(SUFFIXES) or os.sep in strategy:
+        return load_strategy_file(strategy)
+    if ":" in strategy:
+        return _from_import_path(strategy)
+    return get_strategy(strategy)
+
+
+def is_processor_class(value: Any) -> bool:
+    """A class whose instances can be called (diffusers processors are plain classes with ``__call__``)."""
+    return inspect.isclass(value) and any("__call__" in vars(c) for c in value.__mro__ if c is not object)
+
+
+def processor_strategy(cls: type, origin: Optional[str] = None) -> Strategy:
+    """The custom-processor strategy for one processor class."""
+    if not is_processor_class(cls):
+        raise StrategyError(f"a processor must be a class with __call__, got {cls!r}")
+    base = get_strategy("custom-processor")
+    return Strategy(
+        name="custom-processor",
+        description=f"{cls.__module__}.{cls.__qualname__}",
+        processor=cls,
+        env=base.env,
+        base="custom-processor",
+        processor_origin=origin,
+    )
+
+
+def import_attr(path: str, origin: Optional[str] = None) -> Any:
+    """``"package.module:attr"`` imported, or :class:`StrategyError` that says which part failed (and where from)."""
+    where = f" (from {origin})" if origin else ""
+    check_import_path(path)
+    module_name, attr = path.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise StrategyError(f"cannot import module {module_name!r} for {path!r}{where}: {exc}") from None
+    value: Any = module
+    for part in attr.split("."):
+        if not hasattr(value, part):
+            raise StrategyError(f"module {module_name!r} has no attribute {attr!r} (for {path!r}{where})")
+        value = getattr(value, part)
+    return value
+
+
+def _from_import_path(path: str) -> Strategy:
+    value = import_attr(path)
+    if isinstance(value, Strategy):
+        return value
+    if isinstance(value, type):
+        return processor_strategy(value, origin=path)
+    raise StrategyError(f"{path!r} is a {type(value).__name__}; expected a processor class or a Strategy")

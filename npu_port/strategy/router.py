@@ -1,0 +1,228 @@
+"""A strategy at run time: for each attention call, which kernel runs it.
+
+``fixed`` runs its one kernel and refuses (with the reasons) a call it cannot run — never a silent fallback.
+``first`` takes the first candidate that can run the call, and records the others' reasons. ``measure`` (auto)
+decides once per shape bucket (see :mod:`.measure`), from memory, else the disk cache, else by measuring.
+The router is callable with SDPA's signature, which is how the diffusers integration and the flash_attn /
+xformers drop-ins reach it; ``select`` is the hook ``npu_port.attention(kernel=None)`` uses.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..attn.call import AttentionCall
+from ..attn.kernels.base import Kernel
+from ..attn.registry import get_kernel
+from ..attn.select import runnable_kernels
+from ..device import free_memory_bytes
+from ..errors import KernelUnavailableError, NoKernelError, StrategyError
+from .cache import DecisionCache
+from .cast import CastKernel
+from .decision import PICKED, REFUSED, CandidateResult, Decision, bucket_key
+from .measure import measure
+from .spec import Strategy
+
+#: auto's default memory budget when the strategy sets none: this share of the device's free memory.
+FREE_MEMORY_SHARE = 0.25
+
+
+def configured_kernels(strategy: Strategy) -> List[Kernel]:
+    """The candidate kernels with the strategy's options applied (memory budget, sdpa backends, dtype policy)."""
+    built: List[Kernel] = []
+    for name in strategy.candidates:
+        options: Dict[str, Any] = {}
+        if name == "chunked" and strategy.option("memory_budget") is not None:
+            options["max_bytes"] = strategy.option("memory_budget")
+        if name in ("chunked", "math"):
+            options["upcast"] = strategy.option("dtype_policy") == "fp32-softmax"
+        if name == "sdpa" and strategy.option("sdpa_backends") is not None:
+            options["backends"] = strategy.option("sdpa_backends")
+        options.update(strategy.kernel_options.get(name, {}))
+        kernel = get_kernel(name, **options)
+        built.append(kernel)
+    return built
+
+
+def fingerprint(strategy: Strategy) -> Dict[str, Any]:
+    """What about a strategy changes its decisions (the disk cache is keyed by it)."""
+    return {
+        "candidates": list(strategy.candidates),
+        "options": {k: strategy.option(k) for k in ("memory_budget", "sdpa_backends", "dtype_policy", "compute_dtype")},
+        "kernel_options": {k: dict(v) for k, v in sorted(strategy.kernel_options.items())},
+    }
+
+
+class StrategyRouter:
+    """Picks and runs kernels for one applied strategy; keeps every decision for ``explain()``."""
+
+    def __init__(self, strategy: Strategy) -> None:
+        if not strategy.candidates:
+            raise StrategyError(
+                f"strategy {strategy.name!r} names no kernel (custom-processor strategies route nothing)"
+            )
+        self.strategy = strategy
+        self.kernels = configured_kernels(strategy)
+        compute = strategy.option("compute_dtype")
+        self.compute_dtype: Optional[torch.dtype] = getattr(torch, compute) if compute else None
+        self.decisions: Dict[str, Decision] = {}
+        self._chosen: Dict[str, Kernel] = {}
+        self.calls: Counter = Counter()
+        self.caches: Dict[str, DecisionCache] = {}
+        self.probes = 0
+        self._lock = threading.Lock()
+
+    # ---- what the strategy can do here ------------------------------------------------------------------------
+
+    def availability(self) -> Dict[str, List[str]]:
+        """Candidate -> reasons it cannot run anything on this machine (empty list = available)."""
+        return {k.name: [str(r) for r in k.availability()] for k in self.kernels}
+
+    def check_available(self) -> None:
+        """Fail now, with the reasons, if no candidate can ever run here (rather than at the first forward)."""
+        found = self.availability()
+        if all(found.values()):
+            lines = [f"strategy {self.strategy.name!r} cannot run on this machine:"]
+            for name, reasons in found.items():
+                lines += [f"  {name}: {r}" for r in reasons]
+            lines.append("run `npu-port strategies` to see which strategies are available here")
+            raise StrategyError("\n".join(lines))
+
+    # ---- choosing ---------------------------------------------------------------------------------------------
+
+    def _forms(self, kernel: Kernel, call: AttentionCall) -> Tuple[Kernel, List[str]]:
+        """The kernel itself, or its compute_dtype form when only the dtype stood in the way."""
+        reasons = kernel.reasons(call)
+        if reasons and self.compute_dtype is not None and call.dtype == torch.float32:
+            if all(r.code == "dtype" for r in reasons):
+                cast = CastKernel(kernel, self.compute_dtype)
+                cast_reasons = cast.reasons(call)
+                if not cast_reasons:
+                    return cast, []
+        return kernel, [str(r) for r in reasons]
+
+    def select(self, call: AttentionCall) -> Kernel:
+        """The kernel for ``call`` (raises with every reason when none can run it)."""
+        bucket = bucket_key(call)
+        kernel = self._chosen.get(bucket)
+        if kernel is None:
+            with self._lock:
+                kernel = self._chosen.get(bucket)
+                if kernel is None:
+                    decision = self._decide(call, bucket)
+                    kernel = self._kernel_named(decision.kernel, call)
+                    self.decisions[bucket] = decision
+                    self._chosen[bucket] = kernel
+        self.calls[kernel.name] += 1
+        return kernel
+
+    def _kernel_named(self, name: str, call: AttentionCall) -> Kernel:
+        for kernel in self.kernels:
+            form, reasons = self._forms(kernel, call)
+            if form.name == name:
+                return form
+        raise StrategyError(f"cached decision names kernel {name!r}, which strategy {self.strategy.name!r} lacks")
+
+    def _decide(self, call: AttentionCall, bucket: str) -> Decision:
+        mode = self.strategy.select
+        if mode == "measure":
+            return self._measured(call, bucket)
+        results: List[CandidateResult] = []
+        for kernel in self.kernels:
+            form, reasons = self._forms(kernel, call)
+            if not reasons:
+                results.append(CandidateResult(form.name, PICKED))
+                for rest in self.kernels[len(results) :]:
+                    results.append(CandidateResult(rest.name, "not tried", ["an earlier candidate runs this call"]))
+                return Decision(bucket, form.name, mode, results, source="rule")
+            results.append(CandidateResult(kernel.name, REFUSED, reasons))
+        if mode == "fixed":
+            kernel = self.kernels[0]
+            raise KernelUnavailableError(kernel.name, call.describe(), kernel.reasons(call), runnable_kernels(call))
+        raise NoKernelError(call.describe(), {r.kernel: r.reasons for r in results})
+
+    def cache_for(self, call: AttentionCall) -> Optional[DecisionCache]:
+        if not self.strategy.option("cache"):
+            return None
+        key = str(call.device)
+        if key not in self.caches:
+            self.caches[key] = DecisionCache(call.device, fingerprint(self.strategy))
+        return self.caches[key]
+
+    def _measured(self, call: AttentionCall, bucket: str) -> Decision:
+        cache = self.cache_for(call)
+        if cache is not None:
+            cached = cache.get(bucket)
+            if cached is not None and any(self._forms(k, call)[0].name == cached.kernel for k in self.kernels):
+                return cached
+        budget = self.strategy.option("memory_budget")
+        if budget is None:
+            free = free_memory_bytes(call.device)
+            budget = int(free * FREE_MEMORY_SHARE) if free else None
+        forms: List[Kernel] = []
+        for kernel in self.kernels:
+            form, _ = self._forms(kernel, call)
+            forms.append(form)
+        self.probes += 1
+        decision = measure(
+            call,
+            bucket,
+            forms,
+            budget_bytes=budget,
+            warmup=self.strategy.option("warmup"),
+            repeats=self.strategy.option("repeats"),
+            probe_seconds=self.strategy.option("probe_seconds"),
+            parity_rows=self.strategy.option("parity_rows"),
+        )
+        if cache is not None:
+            cache.put(decision)
+        return decision
+
+    # ---- running ----------------------------------------------------------------------------------------------
+
+    def __call__(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Optional[Tensor] = None,
+        *,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: Optional[float] = None,
+        enable_gqa: bool = False,
+    ) -> Tensor:
+        """Attention with SDPA's semantics, run by the kernel this strategy picks for the call's bucket."""
+        call = AttentionCall.from_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        kernel = self.select(call)
+        if call.is_empty:
+            return call.empty_output()
+        return call.restore_shape(kernel.run(call))
+
+    # ---- reporting --------------------------------------------------------------------------------------------
+
+    def resolved(self) -> List[str]:
+        """Kernels chosen so far, most used first."""
+        return [name for name, _ in self.calls.most_common()] or list(
+            dict.fromkeys(d.kernel for d in self.decisions.values())
+        )
+
+    def explain_lines(self) -> List[str]:
+        s = self.strategy
+        lines = [f"strategy {s.name} (select: {s.select}; candidates: {', '.join(s.candidates)})"]
+        if s.source:
+            lines.append(f"  defined in {s.source}")
+        for cache in self.caches.values():
+            lines.append(f"  disk cache: {cache.path} ({cache.loads} decisions loaded, {cache.writes} written)")
+        if not self.decisions:
+            lines.append("  no attention call yet: decisions are made per shape bucket at the first call")
+        for decision in self.decisions.values():
+            lines += ["  " + line for line in decision.explain_lines()]
+        if self.calls:
+            lines.append("  calls: " + ", ".join(f"{name} {count}" for name, count in self.calls.most_common()))
+        return lines

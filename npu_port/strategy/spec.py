@@ -1,0 +1,260 @@
+"""What a strategy is, as data: the same object whether it came from a YAML file or from code.
+
+A strategy names the kernels that may run attention and how to choose between them (``fixed``: one kernel, and a
+call it cannot run is an error; ``first``: the first candidate that can run the call; ``measure``: time the
+candidates that can, check them against the math kernel, keep the fastest correct one). It also carries the
+environment variables that other tools read (diffusers' ``DIFFUSERS_ATTN_BACKEND``, older NPU scripts'
+``DIFFUSERS_ATTENTION_TYPE``), options, and — for profiles — device options that the device layer reads.
+
+Every value check lives here, once, and raises ``ValueError`` with the valid choices; the YAML schema adds the
+file and line. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+SELECT_MODES = ("fixed", "first", "measure")
+KINDS = ("strategy", "profile")
+DTYPE_POLICIES = ("fp32-softmax", "native")
+COMPUTE_DTYPES = ("float16", "bfloat16")
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math", "overrideable")
+DEVICES = ("auto", "npu", "cuda", "xpu", "mps", "cpu")
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
+_UNITS = {
+    None: 1,
+    "B": 1,
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "TiB": 1 << 40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
+
+
+def parse_size(value: Any) -> int:
+    """A byte count from an int or a string such as ``"512MiB"`` or ``"2GiB"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"memory_budget must be a byte count or a size such as '512MiB', got {value!r}")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str) and _SIZE.match(value):
+        number, unit = _SIZE.match(value).groups()
+        size = int(float(number) * _UNITS[unit])
+    else:
+        raise ValueError(
+            f"memory_budget must be a byte count or a size such as '512MiB' (units: B, KiB, MiB, GiB, TiB, KB, MB, "
+            f"GB, TB), got {value!r}"
+        )
+    if size < 1:
+        raise ValueError(f"memory_budget must be at least 1 byte, got {value!r}")
+    return size
+
+
+def _choice(name: str, choices: Tuple[Optional[str], ...]) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if value not in choices:
+            shown = ", ".join("null" if c is None else c for c in choices)
+            raise ValueError(f"{name} must be one of {shown}; got {value!r}")
+        return value
+
+    return check
+
+
+def _int_at_least(name: str, minimum: int) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        return value
+
+    return check
+
+
+def _positive_number(name: str) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        return float(value)
+
+    return check
+
+
+def _bool(name: str) -> Callable[[Any], bool]:
+    def check(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        return value
+
+    return check
+
+
+def _sdpa_backends(value: Any) -> Tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"sdpa_backends must be a non-empty list of {', '.join(SDPA_BACKENDS)}; got {value!r}")
+    for item in value:
+        if item not in SDPA_BACKENDS:
+            raise ValueError(
+                f"unknown SDPA backend {item!r} in sdpa_backends; valid backends: {', '.join(SDPA_BACKENDS)}"
+            )
+    return tuple(dict.fromkeys(value))
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    check: Callable[[Any], Any]
+    doc: str
+
+
+#: The ``options:`` a strategy may set (and ``set_attention_strategy(**options)`` may override).
+OPTIONS: Dict[str, OptionSpec] = {
+    "memory_budget": OptionSpec(
+        parse_size,
+        "bytes an attention call may use for scores (int or '512MiB'); sizes the chunked kernel, and auto refuses "
+        "candidates estimated to need more",
+    ),
+    "sdpa_backends": OptionSpec(_sdpa_backends, "pin the sdpa kernel to these backends: " + ", ".join(SDPA_BACKENDS)),
+    "dtype_policy": OptionSpec(
+        _choice("dtype_policy", DTYPE_POLICIES),
+        "fp32-softmax (default: math/chunked take softmax in float32) or native (legacy half-precision products)",
+    ),
+    "compute_dtype": OptionSpec(
+        _choice("compute_dtype", (None,) + COMPUTE_DTYPES),
+        "cast float32 inputs to this dtype for the kernel and the output back (lets fp16/bf16-only kernels such as "
+        "the Ascend ops run float32 models; changes precision, so auto's parity check applies)",
+    ),
+    "repeats": OptionSpec(_int_at_least("repeats", 1), "auto: timed runs per candidate (the median is kept)"),
+    "warmup": OptionSpec(_int_at_least("warmup", 0), "auto: untimed runs per candidate before timing"),
+    "probe_seconds": OptionSpec(
+        _positive_number("probe_seconds"), "auto: time budget for measuring one shape bucket (seconds)"
+    ),
+    "parity_rows": OptionSpec(
+        _int_at_least("parity_rows", 1), "auto: query rows of the slice checked against the math kernel"
+    ),
+    "cache": OptionSpec(_bool("cache"), "auto: keep decisions in the on-disk cache (true by default)"),
+}
+
+#: Defaults used when neither the strategy nor the caller sets an option.
+DEFAULT_OPTIONS: Dict[str, Any] = {
+    "memory_budget": None,
+    "sdpa_backends": None,
+    "dtype_policy": "fp32-softmax",
+    "compute_dtype": None,
+    "repeats": 5,
+    "warmup": 1,
+    "probe_seconds": 2.0,
+    "parity_rows": 64,
+    "cache": True,
+}
+
+
+def check_option(name: str, value: Any) -> Any:
+    """The normalised value of one strategy option, or ``ValueError`` naming the valid options and values."""
+    spec = OPTIONS.get(name)
+    if spec is None:
+        raise ValueError(f"unknown strategy option {name!r}; valid options: {', '.join(OPTIONS)}")
+    if value is None and DEFAULT_OPTIONS[name] is None:
+        return None
+    return spec.check(value)
+
+
+def check_name(name: Any, what: str = "strategy name") -> str:
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise ValueError(
+            f"{what} must be lower-case letters, digits, '-', '_' or '.', starting with a letter or digit; got {name!r}"
+        )
+    return name
+
+
+def check_import_path(value: Any) -> str:
+    if not isinstance(value, str) or not IMPORT_PATH.match(value):
+        raise ValueError(f"processor must be an import path 'package.module:Class', got {value!r}")
+    return value
+
+
+def check_env(env: Mapping[str, Any]) -> Dict[str, str]:
+    out: Dict[str, str] = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise ValueError(f"environment variable names are letters, digits and '_'; got {key!r}")
+        if not isinstance(value, str):
+            raise ValueError(f"environment variable {key} must be a string (quote it in YAML), got {value!r}")
+        out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One attention strategy (or profile), fully resolved: ``extends`` has already been merged in."""
+
+    name: str
+    description: str
+    candidates: Tuple[str, ...] = ()
+    select: str = "fixed"
+    env: Mapping[str, str] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    kernel_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    processor: Any = None  # "module:attr" string or a processor class (custom-processor)
+    kind: str = "strategy"
+    extends: Optional[str] = None
+    base: Optional[str] = None  # the built-in strategy at the root of the extends chain
+    device: Optional[str] = None
+    acl_options: Mapping[str, Any] = field(default_factory=dict)
+    npu: Mapping[str, Any] = field(default_factory=dict)
+    source: Optional[str] = None  # file it came from, or None for code-defined strategies
+    processor_origin: Optional[str] = None  # "file:line" of the processor key, for import errors
+
+    @property
+    def kernel(self) -> Optional[str]:
+        """The single kernel of a fixed strategy (None for first/measure and custom-processor)."""
+        return self.candidates[0] if self.select == "fixed" and self.candidates else None
+
+    @property
+    def is_custom_processor(self) -> bool:
+        return self.processor is not None or (self.base or self.name) == "custom-processor"
+
+    def option(self, name: str) -> Any:
+        """An option's value, the strategy's or the default."""
+        if name not in DEFAULT_OPTIONS:
+            raise ValueError(f"unknown strategy option {name!r}; valid options: {', '.join(OPTIONS)}")
+        return self.options.get(name, DEFAULT_OPTIONS[name])
+
+    def with_overrides(self, **overrides: Any) -> "Strategy":
+        """A copy with ``set_attention_strategy(**options)`` applied (validated like the YAML)."""
+        options = dict(self.options)
+        changes: Dict[str, Any] = {}
+        for key, value in overrides.items():
+            if key == "candidates":
+                changes["candidates"] = check_candidates(value)
+                if self.select == "fixed":
+                    changes["select"] = "first" if len(changes["candidates"]) > 1 else "fixed"
+            elif key == "select":
+                changes["select"] = _choice("select", SELECT_MODES)(value)
+            elif key == "processor":
+                changes["processor"] = value if isinstance(value, type) else check_import_path(value)
+            elif key == "kernel_options":
+                changes["kernel_options"] = {**self.kernel_options, **dict(value)}
+            elif key == "env":
+                changes["env"] = {**self.env, **check_env(value)}
+            elif key in OPTIONS:
+                options[key] = check_option(key, value)
+            else:
+                valid = ", ".join(sorted(set(OPTIONS) | {"candidates", "select", "processor", "kernel_options", "env"}))
+                raise ValueError(f"unknown option {key!r} for strategy {self.name!r}; valid options: {valid}")
+        return replace(self, options=options, **changes)
+
+
+def check_candidates(value: Any) -> Tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"candidates must be a non-empty list of kernel names, got {value!r}")
+    return tuple(dict.fromkeys(value))
