@@ -245,6 +245,10 @@ def test_overrides_are_validated_like_yaml():
     assert str(info.value).startswith("unknown option 'budget' for strategy 'sdpa'; valid options: cache, candidates")
     with pytest.raises(ValueError, match="compute_dtype must be one of null, float16, bfloat16; got 'half'"):
         sdpa.with_overrides(compute_dtype="half")
+    with pytest.raises(ValueError, match="processor= is for the custom-processor strategy, not 'sdpa'"):
+        sdpa.with_overrides(processor="pkg.mod:Proc")
+    custom = npu_port.get_strategy("custom-processor").with_overrides(processor="pkg.mod:Proc")
+    assert custom.processor == "pkg.mod:Proc"
 
 
 @pytest.mark.parametrize(

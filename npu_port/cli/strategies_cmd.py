@@ -8,7 +8,7 @@ import json
 from typing import Any, Dict, List
 
 #: Tiny models --explain can build (seeded weights, built from configs: no download).
-EXPLAIN_MODELS = ("unet", "dit")
+EXPLAIN_MODELS = ("unet", "dit", "sd3", "flux", "vae")
 
 
 def add_parser(commands: "argparse._SubParsersAction") -> None:

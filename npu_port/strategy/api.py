@@ -61,7 +61,7 @@ class StrategyHandle:
                 lines.append(f"    {key}={value}")
         elif self.applied is not None:
             counts = self.applied.counts()
-            done = ", ".join(f"{n} {action}" for action, n in counts.items()) or "nothing"
+            done = ", ".join(f"{n} {action}" for action, n in counts.items() if n) or "no"
             lines.append(f"  applied to {type(self.target).__name__}: {done} attention modules")
         lines += [f"  note: {note}" for note in self.notes]
         if self.restored:

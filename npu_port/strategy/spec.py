@@ -239,6 +239,11 @@ class Strategy:
             elif key == "select":
                 changes["select"] = _choice("select", SELECT_MODES)(value)
             elif key == "processor":
+                if not self.is_custom_processor:
+                    raise ValueError(
+                        f"processor= is for the custom-processor strategy, not {self.name!r}: "
+                        "set_attention_strategy('custom-processor', target=model, processor='package.module:Class')"
+                    )
                 changes["processor"] = value if isinstance(value, type) else check_import_path(value)
             elif key == "kernel_options":
                 changes["kernel_options"] = {**self.kernel_options, **dict(value)}

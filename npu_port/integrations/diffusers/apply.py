@@ -1,0 +1,153 @@
+"""``apply_to_target``: point every attention module of a diffusers model or pipeline at one attention function.
+
+Two mechanisms, chosen per module by the processor it has:
+
+* a *standard* processor (``AttnProcessor2_0``, ``AttnProcessor``, ``FusedAttnProcessor2_0``,
+  ``XFormersAttnProcessor``, ``AttnProcessorNPU``) is replaced by :class:`~.processor.RoutedAttnProcessor`, which
+  repeats its steps and routes the core — the processors that break off-device are exactly these;
+* any other processor (SD3's joint attention, Flux's dispatcher, IP-Adapter and custom-diffusion processors with
+  weights, user processors) is kept, and its call to SDPA or ``dispatch_attention_fn`` is routed while the module
+  runs (:mod:`.routing`, :mod:`.patches`).
+
+Every targeted module also gets the routing hooks, replaced ones included, so a processor diffusers swaps in later
+(``fuse_qkv_projections``, IP-Adapter loading, ``set_attn_processor``) is still routed. With a
+``processor_factory`` (the ``custom-processor`` strategy) every module gets a fresh processor from it instead and
+nothing is routed.
+
+All or nothing: if anything fails half-way, everything done so far is undone before the error propagates.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from torch import nn
+
+from . import classes
+from .applied import AppliedAttention
+from .patches import PatchLease
+from .processor import RoutedAttnProcessor
+from .routing import AttentionFn, Route, install_route_hooks
+from .targets import attention_modules, describe_type
+
+ATTENTION_FN_SIGNATURE = (
+    "(query, key, value, attn_mask=None, *, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False) -> Tensor"
+)
+
+
+def _standard_processors(api: classes.DiffusersClasses) -> Dict[type, Tuple[type, bool]]:
+    """Standard processor class -> (the class our processor stands in for, whether it uses fused projections)."""
+    table: Dict[type, Tuple[type, bool]] = {
+        api.AttnProcessor2_0: (api.AttnProcessor2_0, False),
+        api.AttnProcessor: (api.AttnProcessor, False),
+    }
+    if api.FusedAttnProcessor2_0 is not None:
+        table[api.FusedAttnProcessor2_0] = (api.FusedAttnProcessor2_0, True)
+    for broken_off_device in (api.XFormersAttnProcessor, api.AttnProcessorNPU):
+        if broken_off_device is not None:
+            table[broken_off_device] = (api.AttnProcessor2_0, False)
+    return table
+
+
+def _check_arguments(attention_fn: Any, processor_factory: Any) -> None:
+    if processor_factory is not None:
+        if not callable(processor_factory):
+            raise TypeError(
+                "processor_factory must be a zero-argument callable that returns an attention processor; "
+                f"got {describe_type(processor_factory)}"
+            )
+    elif not callable(attention_fn):
+        raise TypeError(f"attention_fn must be a callable {ATTENTION_FN_SIGNATURE}; got {describe_type(attention_fn)}")
+
+
+def _install_custom(
+    applied: AppliedAttention, found: List[Tuple[str, nn.Module]], processor_factory: Callable[[], Any]
+) -> None:
+    owners: Dict[int, str] = {}
+    for name, module in found:
+        processor = processor_factory()
+        if not callable(processor):
+            raise TypeError(
+                f"processor_factory returned {describe_type(processor)} for {name}, which is not callable; it must "
+                "return an attention processor (called as processor(attn, hidden_states, ...))"
+            )
+        if isinstance(processor, nn.Module):
+            if id(processor) in owners:
+                raise ValueError(
+                    f"processor_factory returned the same torch.nn.Module processor for {owners[id(processor)]} and "
+                    f"{name}; it must build a new instance on every call, or the modules would share its weights"
+                )
+            owners[id(processor)] = name
+        applied._record(name, module, getattr(module, "processor", None), "custom", installed=processor)
+        module.set_processor(processor)
+
+
+def _defining_modules(cls: type) -> List[Any]:
+    names: Set[str] = {klass.__module__ for klass in inspect.getmro(cls) if klass not in (object, nn.Module)}
+    return [sys.modules.get(name) for name in sorted(names)]
+
+
+def _install_routing(
+    applied: AppliedAttention,
+    found: List[Tuple[str, nn.Module]],
+    attention_fn: AttentionFn,
+    api: classes.DiffusersClasses,
+) -> None:
+    lease = applied._lease = PatchLease(api.dispatch_attention_fn)
+    lease.cover_loaded_diffusers()
+    standard = _standard_processors(api)
+    for name, module in found:
+        original = getattr(module, "processor", None)
+        spec: Optional[Tuple[type, bool]] = None
+        if isinstance(module, api.Attention):
+            if type(original) is RoutedAttnProcessor:  # applied twice: stand in for the same thing again
+                spec = (original.stands_in_for, original.fused)
+            else:
+                spec = standard.get(type(original))
+        if spec is not None:
+            processor = RoutedAttnProcessor(attention_fn, spec[0], spec[1], module_name=name, tally=applied.tally)
+            applied._record(name, module, original, "replaced", installed=processor)
+            module.set_processor(processor)
+            route = processor.route
+        else:
+            for defining in _defining_modules(type(original)):  # a user's processor module is routed too
+                lease.cover(defining)
+            applied._record(name, module, original, "routed" if lease.routes(type(original)) else "kept")
+            route = Route(attention_fn, name, applied.tally)
+        applied._handles.extend(install_route_hooks(module, route))
+
+
+def apply_to_target(
+    target: Any, attention_fn: Optional[AttentionFn], *, processor_factory: Optional[Callable[[], Any]] = None
+) -> AppliedAttention:
+    """Send every diffusers attention computation in ``target`` to ``attention_fn``; undo with ``.restore()``.
+
+    ``target``: a diffusers model (``ModelMixin``), a ``DiffusionPipeline`` (each ``torch.nn.Module`` component), or
+    a ``torch.nn.Module`` containing diffusers ``Attention`` / ``AttentionModuleMixin`` modules; anything else raises
+    :class:`TypeError`, and a target without diffusers attention raises :class:`ValueError`.
+
+    ``attention_fn(query, key, value, attn_mask=None, *, dropout_p=0.0, is_causal=False, scale=None,
+    enable_gqa=False)``: exactly ``torch.nn.functional.scaled_dot_product_attention``'s semantics, ``(B, H, S, D)``
+    layout (e.g. ``functools.partial(npu_port.attention, kernel="chunked")``).
+
+    ``processor_factory``: a zero-argument callable; when given, every attention module gets a new processor from
+    it (the ``custom-processor`` strategy) and ``attention_fn`` is not used (may be None).
+
+    Returns an :class:`~.applied.AppliedAttention` (what changed, call counts, ``restore()``). If anything fails
+    part-way, what was already changed is undone and the error propagates.
+    """
+    _check_arguments(attention_fn, processor_factory)
+    api = classes.load()
+    found = attention_modules(target, api)
+    applied = AppliedAttention(target)
+    try:
+        if processor_factory is not None:
+            _install_custom(applied, found, processor_factory)
+        else:
+            _install_routing(applied, found, attention_fn, api)  # type: ignore[arg-type]
+    except BaseException:
+        applied.restore()
+        raise
+    return applied

@@ -1,0 +1,300 @@
+"""Reversible, reference-counted patches of the module globals through which kept processors reach attention.
+
+A kept processor computes attention by calling a global of the module that defines it: ``F`` (=
+``torch.nn.functional``) for ``F.scaled_dot_product_attention``, or ``dispatch_attention_fn`` imported from
+``diffusers.models.attention_dispatch``. We replace those globals — only in the modules that use them, never
+``torch.nn.functional`` itself — with stand-ins that consult :mod:`.routing`: inside a targeted module the call goes
+to its route's attention function, anywhere else to the original, with the caller's arguments untouched. So other
+models, and code outside diffusers, see no change at all.
+
+Patches are shared: each (module, global) is patched once however many applications need it, counted, and put back
+when the last :class:`PatchLease` holding it is released — and only if the global is still our stand-in (if
+someone replaced it since, theirs stays). ``diffusers.models.attention_dispatch`` (the backends themselves) and
+npu-port's own modules are never patched: the kernels call the real SDPA.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import threading
+import types
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
+
+import torch
+import torch.nn.functional as real_functional
+
+from .routing import current_route
+
+_SDPA = "scaled_dot_product_attention"
+_NEVER_PATCHED = ("npu_port", "torch", "diffusers.models.attention_dispatch")
+
+_lock = threading.RLock()
+
+
+# ---- the stand-ins ---------------------------------------------------------------------------------------------
+
+
+def _sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
+
+
+def routed_scaled_dot_product_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` that goes to the active route inside a targeted module."""
+    route = current_route()
+    if route is None:
+        return real_functional.scaled_dot_product_attention(*args, **kwargs)
+    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = _sdpa_arguments(*args, **kwargs)
+    return route.attend("sdpa", query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+class RoutedFunctional(types.ModuleType):
+    """``torch.nn.functional`` as seen by a patched module: every name is the real one, read live on each access,
+    except ``scaled_dot_product_attention``, which is :func:`routed_scaled_dot_product_attention`."""
+
+    scaled_dot_product_attention = staticmethod(routed_scaled_dot_product_attention)
+
+    def __init__(self) -> None:
+        super().__init__(real_functional.__name__, real_functional.__doc__)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(real_functional, name)
+
+    def __dir__(self) -> List[str]:
+        return dir(real_functional)
+
+    def __repr__(self) -> str:
+        return "<torch.nn.functional with scaled_dot_product_attention routed by npu-port>"
+
+
+ROUTED_FUNCTIONAL = RoutedFunctional()
+
+
+def _dispatch_arguments(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    attention_kwargs=None,
+    *,
+    backend=None,
+    parallel_config=None,
+):
+    return query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, attention_kwargs, parallel_config
+
+
+def routed_dispatch(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """A ``dispatch_attention_fn`` that sends the call to the active route inside a targeted module.
+
+    diffusers' dispatcher works in ``(B, S, H, D)``; the route gets ``(B, H, S, D)`` and the result is permuted back,
+    as diffusers' native backend does; a 2-D ``(B, S_kv)`` mask becomes ``(B, 1, 1, S_kv)``, also as there. The
+    per-processor ``backend`` pin is overridden (routing is the point). Two cases stay with diffusers, counted as
+    declined: context parallelism (``parallel_config``; its ring/ulysses algorithms need diffusers' own backends)
+    and backend-specific ``attention_kwargs`` (a sliding window for flash, say), which SDPA semantics cannot carry.
+    """
+
+    @functools.wraps(original)
+    def dispatch_attention_fn(*args: Any, **kwargs: Any) -> torch.Tensor:
+        route = current_route()
+        if route is None:
+            return original(*args, **kwargs)
+        query, key, value, mask, dropout_p, is_causal, scale, gqa, extra, parallel = _dispatch_arguments(
+            *args, **kwargs
+        )
+        if parallel is not None:
+            route.decline("dispatch_attention_fn with parallel_config (context parallelism) runs diffusers' backend")
+            return original(*args, **kwargs)
+        if extra:
+            route.decline(
+                f"dispatch_attention_fn with attention_kwargs {sorted(extra)} runs diffusers' backend "
+                "(backend-specific options have no SDPA equivalent)"
+            )
+            return original(*args, **kwargs)
+        if mask is not None and mask.ndim == 2 and mask.shape[0] == query.shape[0] and mask.shape[1] == key.shape[1]:
+            mask = mask[:, None, None, :]
+        query, key, value = (t.permute(0, 2, 1, 3) for t in (query, key, value))
+        out = route.attend("dispatch", query, key, value, mask, dropout_p, is_causal, scale, gqa)
+        return out.permute(0, 2, 1, 3)
+
+    dispatch_attention_fn.__npu_port_original__ = original  # type: ignore[attr-defined]
+    return dispatch_attention_fn
+
+
+# ---- which globals to patch --------------------------------------------------------------------------------------
+
+
+def _code_names(code: types.CodeType, into: Set[str]) -> None:
+    into.update(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code_names(const, into)
+
+
+def _functions_of(value: Any) -> Iterable[Any]:
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    if isinstance(value, property):
+        return [f for f in (value.fget, value.fset, value.fdel) if f is not None]
+    return [value]
+
+
+_names_cache: Dict[Tuple[str, int], FrozenSet[str]] = {}
+
+
+def names_used_by(module: types.ModuleType) -> FrozenSet[str]:
+    """Every global/attribute name the functions and classes defined in ``module`` refer to (from bytecode)."""
+    key = (module.__name__, id(module))
+    cached = _names_cache.get(key)
+    if cached is not None:
+        return cached
+    names: Set[str] = set()
+    for value in list(vars(module).values()):
+        if isinstance(value, types.ModuleType) or getattr(value, "__module__", None) != module.__name__:
+            continue
+        members = vars(value).values() if isinstance(value, type) else (value,)
+        for member in members:
+            for fn in _functions_of(member):
+                code = getattr(fn, "__code__", None)
+                if isinstance(code, types.CodeType):
+                    _code_names(code, names)
+    result = frozenset(names)
+    _names_cache[key] = result
+    return result
+
+
+def names_used_by_class(cls: type) -> FrozenSet[str]:
+    """Names referred to by the methods ``cls`` itself defines (not its bases)."""
+    names: Set[str] = set()
+    for member in vars(cls).values():
+        for fn in _functions_of(member):
+            code = getattr(fn, "__code__", None)
+            if isinstance(code, types.CodeType):
+                _code_names(code, names)
+    return frozenset(names)
+
+
+def _patchable(module_name: str) -> bool:
+    return not any(module_name == p or module_name.startswith(p + ".") for p in _NEVER_PATCHED)
+
+
+# ---- the shared, counted patches ---------------------------------------------------------------------------------
+
+
+class _Patch:
+    __slots__ = ("module", "name", "original", "replacement", "users")
+
+    def __init__(self, module: types.ModuleType, name: str, original: Any, replacement: Any) -> None:
+        self.module, self.name, self.original, self.replacement, self.users = module, name, original, replacement, 0
+
+
+#: (module name, global name) -> the live patch.
+_PATCHES: Dict[Tuple[str, str], _Patch] = {}
+#: id(original dispatch_attention_fn) -> its router (one per original, shared by every lease).
+_ROUTERS: Dict[int, Callable[..., Any]] = {}
+
+
+def _router_for(original: Callable[..., Any]) -> Callable[..., Any]:
+    router = _ROUTERS.get(id(original))
+    if router is None or router.__npu_port_original__ is not original:  # type: ignore[attr-defined]
+        router = _ROUTERS[id(original)] = routed_dispatch(original)
+    return router
+
+
+def active_patches() -> List[Tuple[str, str]]:
+    """``(module, global)`` pairs patched right now (for ``explain`` and tests)."""
+    with _lock:
+        return sorted(_PATCHES)
+
+
+class PatchLease:
+    """The patches one application holds; :meth:`release` gives them back (idempotent).
+
+    :meth:`cover` patches what one module needs; :meth:`routes` tells whether a processor class's code reaches a
+    patched global (so ``explain`` can say "routed" only where calls really are).
+    """
+
+    def __init__(self, dispatch_original: Optional[Callable[..., Any]]) -> None:
+        self._dispatch_original = dispatch_original
+        self._held: Set[Tuple[str, str]] = set()
+        self._order: List[Tuple[str, str]] = []
+        self._released = False
+
+    def _replacement_for(self, value: Any, module: types.ModuleType) -> Optional[Any]:
+        if value is real_functional:
+            return ROUTED_FUNCTIONAL if _SDPA in names_used_by(module) else None
+        if value is real_functional.scaled_dot_product_attention:
+            return routed_scaled_dot_product_attention
+        if self._dispatch_original is not None and value is self._dispatch_original:
+            return _router_for(self._dispatch_original)
+        return None
+
+    def _hold(self, key: Tuple[str, str]) -> None:
+        if key not in self._held:
+            self._held.add(key)
+            self._order.append(key)
+            _PATCHES[key].users += 1
+
+    def cover(self, module: Optional[types.ModuleType]) -> None:
+        """Patch the globals through which code in ``module`` calls SDPA or the dispatcher (or join existing ones)."""
+        if self._released:
+            raise RuntimeError("this patch lease was released")
+        name = getattr(module, "__name__", None)
+        if not isinstance(module, types.ModuleType) or not isinstance(name, str) or not _patchable(name):
+            return
+        with _lock:
+            for global_name, value in list(vars(module).items()):
+                key = (name, global_name)
+                patch = _PATCHES.get(key)
+                if patch is not None:
+                    if patch.module is module and value is patch.replacement:
+                        self._hold(key)
+                    continue  # someone replaced our stand-in since: theirs stays, unrouted
+                replacement = self._replacement_for(value, module)
+                if replacement is None:
+                    continue
+                _PATCHES[key] = _Patch(module, global_name, value, replacement)
+                setattr(module, global_name, replacement)
+                self._hold(key)
+
+    def cover_loaded_diffusers(self) -> None:
+        """Patch every loaded ``diffusers.*`` module that calls SDPA or the dispatcher."""
+        for name, module in list(sys.modules.items()):
+            if name.startswith("diffusers.") and isinstance(module, types.ModuleType):
+                self.cover(module)
+
+    def routes(self, cls: type) -> bool:
+        """Whether methods of ``cls`` (or its bases) call SDPA or the dispatcher through a global patched here."""
+        with _lock:
+            for klass in inspect.getmro(cls):
+                if klass in (object, torch.nn.Module):
+                    continue
+                names = names_used_by_class(klass)
+                for key in self._held:
+                    if key[0] != klass.__module__ or key[1] not in names:
+                        continue
+                    if _PATCHES[key].replacement is not ROUTED_FUNCTIONAL or _SDPA in names:
+                        return True
+        return False
+
+    def release(self) -> None:
+        """Give back this lease's patches; a global goes back to its original when its last user releases it."""
+        if self._released:
+            return
+        self._released = True
+        with _lock:
+            for key in reversed(self._order):
+                patch = _PATCHES.get(key)
+                if patch is None:
+                    continue
+                patch.users -= 1
+                if patch.users <= 0:
+                    del _PATCHES[key]
+                    if vars(patch.module).get(patch.name) is patch.replacement:
+                        setattr(patch.module, patch.name, patch.original)
+            self._held.clear()
+            self._order.clear()
