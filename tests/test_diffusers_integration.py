@@ -47,9 +47,9 @@ from npu_port.integrations.diffusers import (  # noqa: E402
     apply_to_target,
     current_route,
     patches,
+    tiny,  # noqa: E402
 )
 
-from npu_port.integrations.diffusers import tiny  # noqa: E402
 from .conftest import emulated_torch_npu, fake_flash_attn, fake_xformers  # noqa: E402
 
 CPU_KERNELS = ["math", "sdpa", "chunked"]
