@@ -5,8 +5,9 @@ For the first call in a bucket ``auto`` asks each candidate for its reasons (che
 would not fit the memory budget, checks the rest against the math kernel on a slice of the real inputs (one batch
 entry, at most two key/value heads, the first ``parity_rows`` query rows, every key; a kernel that errors, gives
 NaN/inf or disagrees beyond the dtype's tolerance is rejected with the number recorded — a kernel can be fast and
-wrong, see pytorch#193893), then times the survivors on the real inputs (warm-up, repeats, median, device
-synchronised) within a time budget, and keeps the fastest. Only the forward pass is timed.
+wrong, see pytorch#193893), then times the survivors on the real inputs (warm-up, then round-robin repeats with the
+order rotated so machine noise hits every candidate alike, median, device synchronised) within a time budget, and
+keeps the fastest. Only the forward pass is timed.
 """
 
 from __future__ import annotations
@@ -108,6 +109,47 @@ def time_kernel(kernel: Kernel, call: AttentionCall, warmup: int, repeats: int, 
     return statistics.median(times), len(times)
 
 
+def _failure(exc: Exception) -> str:
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"failed: {type(exc).__name__}: {message}"
+
+
+def _warm_up(kernel: Kernel, call: AttentionCall, warmup: int) -> None:
+    """Untimed runs on the real inputs (at least one: its output has to be free of NaN / inf)."""
+    for index in range(max(warmup, 1)):
+        out = kernel.run(call)
+        if index == 0 and not bool(torch.isfinite(out).all()):
+            raise FloatingPointError("the output has NaN or inf values on the real inputs")
+        del out
+
+
+def _time_round_robin(survivors, call: AttentionCall, repeats: int, deadline: float) -> None:
+    """Time the survivors in rounds, one run each per round with the order rotated, so that a burst of load on a
+    shared machine slows every candidate alike instead of skewing one candidate's median. At least one round; then
+    rounds stop at ``repeats`` or at the deadline."""
+    times: Dict[str, List[float]] = {result.kernel: [] for _, result in survivors}
+    for round_index in range(repeats):
+        shift = round_index % max(len(survivors), 1)
+        for kernel, result in survivors[shift:] + survivors[:shift]:
+            if result.status != OK:
+                continue
+            try:
+                synchronize(call.device)
+                start = time.perf_counter()
+                kernel.run(call)
+                synchronize(call.device)
+            except Exception as exc:
+                result.status, result.reasons = REJECTED, [_failure(exc)]
+                continue
+            times[result.kernel].append(time.perf_counter() - start)
+        if time.perf_counter() > deadline:
+            break
+    for _, result in survivors:
+        if result.status == OK:
+            result.median_s = statistics.median(times[result.kernel])
+            result.runs = len(times[result.kernel])
+
+
 def measure(
     call: AttentionCall,
     bucket: str,
@@ -143,8 +185,9 @@ def measure(
     with torch.no_grad():
         sliced = parity_slice(call, parity_rows)
         reference = reference_output(sliced)
-        for index, kernel in enumerate(runnable):
-            if any(r.status == OK for r in results) and time.perf_counter() > deadline:
+        survivors: List[Tuple[Kernel, CandidateResult]] = []
+        for kernel in runnable:  # phase 1: parity on the slice, then warm-up (and a NaN check) on the real inputs
+            if survivors and time.perf_counter() > deadline:
                 results.append(
                     CandidateResult(kernel.name, SKIPPED, [f"probe time budget ({probe_seconds:g} s) spent"])
                 )
@@ -163,16 +206,14 @@ def measure(
                         )
                     )
                     continue
-                left = max(deadline - time.perf_counter(), 0.0)
-                share = time.perf_counter() + left / (len(runnable) - index)
-                median, runs = time_kernel(kernel, call, warmup, repeats, share)
+                _warm_up(kernel, call, warmup)
             except Exception as exc:  # a backend that accepts a call and then fails is exactly what auto must catch
-                message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                results.append(CandidateResult(kernel.name, REJECTED, [f"failed: {type(exc).__name__}: {message}"]))
+                results.append(CandidateResult(kernel.name, REJECTED, [_failure(exc)]))
                 continue
-            results.append(
-                CandidateResult(kernel.name, OK, median_s=median, runs=runs, parity_error=error, tolerance=tolerance)
-            )
+            result = CandidateResult(kernel.name, OK, parity_error=error, tolerance=tolerance)
+            survivors.append((kernel, result))
+            results.append(result)
+        _time_round_robin(survivors, call, repeats, deadline)
     timed = [r for r in results if r.status == OK]
     if not timed:
         raise NoKernelError(call.describe(), {r.kernel: r.reasons for r in results})

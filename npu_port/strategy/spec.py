@@ -132,7 +132,7 @@ OPTIONS: Dict[str, OptionSpec] = {
         "the Ascend ops run float32 models; changes precision, so auto's parity check applies)",
     ),
     "repeats": OptionSpec(_int_at_least("repeats", 1), "auto: timed runs per candidate (the median is kept)"),
-    "warmup": OptionSpec(_int_at_least("warmup", 0), "auto: untimed runs per candidate before timing"),
+    "warmup": OptionSpec(_int_at_least("warmup", 0), "auto: untimed runs per candidate before timing (min 1)"),
     "probe_seconds": OptionSpec(
         _positive_number("probe_seconds"), "auto: time budget for measuring one shape bucket (seconds)"
     ),
@@ -149,7 +149,7 @@ DEFAULT_OPTIONS: Dict[str, Any] = {
     "dtype_policy": "fp32-softmax",
     "compute_dtype": None,
     "repeats": 5,
-    "warmup": 1,
+    "warmup": 2,
     "probe_seconds": 2.0,
     "parity_rows": 64,
     "cache": True,

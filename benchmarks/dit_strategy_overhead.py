@@ -1,0 +1,101 @@
+"""What npu-port's routing costs: the tiny DiT pipeline under our ``sdpa`` strategy vs diffusers' own
+``AttnProcessor2_0``, in one process on one machine.
+
+Both sides run the same SDPA kernel; the difference is our processor, the call validation, the bucket lookup and
+the mask handling. Two copies of the pipeline are loaded from the same saved directory (one with the strategy
+applied, one untouched) and run in alternating order for ``--rounds`` rounds, so drift on a noisy machine hits both
+alike; the ratio of medians is the result. The images are compared too: the port must not change the output.
+
+    python benchmarks/dit_strategy_overhead.py [--rounds 30] [--steps 10] [--out benchmarks/results/...json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+
+import torch
+
+import npu_port
+from npu_port.device import device_name
+from npu_port.integrations.diffusers.tiny import run_tiny_pipeline, tiny_dit_pipeline
+
+TARGET_RATIO = 1.02
+
+
+def _timed(pipe, steps: int) -> float:
+    start = time.perf_counter()
+    run_tiny_pipeline(pipe, steps=steps)
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--out", default=None, help="write the result JSON here")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        save_dir = os.path.join(tmp, "dit")
+        original = tiny_dit_pipeline(save_dir=save_dir)
+        ported = tiny_dit_pipeline(save_dir=save_dir)
+    handle = npu_port.set_attention_strategy("sdpa", target=ported)
+    try:
+        reference = run_tiny_pipeline(original, steps=args.steps)
+        ours = run_tiny_pipeline(ported, steps=args.steps)
+        max_diff = float((reference - ours).abs().max())
+        for _ in range(args.warmup):
+            _timed(original, args.steps)
+            _timed(ported, args.steps)
+        times = {"AttnProcessor2_0": [], "npu-port sdpa": []}
+        for round_index in range(args.rounds):
+            order = [("AttnProcessor2_0", original), ("npu-port sdpa", ported)]
+            for label, pipe in order if round_index % 2 == 0 else reversed(order):
+                times[label].append(_timed(pipe, args.steps))
+        calls = handle.calls
+    finally:
+        handle.restore()
+
+    medians = {label: statistics.median(values) for label, values in times.items()}
+    ratio = medians["npu-port sdpa"] / medians["AttnProcessor2_0"]
+    result = {
+        "benchmark": "dit_strategy_overhead",
+        "machine": {
+            "device": device_name("cpu"),
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "npu_port": npu_port.__version__,
+        },
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "median_seconds": medians,
+        "ratio": ratio,
+        "target_ratio": TARGET_RATIO,
+        "passed": ratio <= TARGET_RATIO,
+        "max_abs_image_diff": max_diff,
+        "routed_attention_calls": calls,
+    }
+    for label, median in medians.items():
+        print(f"{label:<18} {median * 1e3:9.2f} ms per pipeline run (median of {args.rounds})")
+    print(f"ratio {ratio:.4f} (target <= {TARGET_RATIO}); max |image diff| {max_diff:.2e}; calls {calls}")
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=2)
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

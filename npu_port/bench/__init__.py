@@ -1,0 +1,26 @@
+"""``npu-port bench``: every attention strategy on the shapes that matter, timed, checked and plotted.
+
+A user with new hardware (an Ascend NPU, a Hopper GPU, a CPU) needs one command that says which strategy to use
+there, and why the others cannot run. The parts, one job each:
+
+- :mod:`.shapes` — the named problem sizes (the NPU guides' sequence lengths, Stable Diffusion, ControlVideo) and
+  ``custom:B,H,S,D``;
+- :mod:`.runner` — one (strategy, shape) cell: choose the kernel, time it, measure its peak memory and its error
+  against a float64 reference, or record why it was refused;
+- :mod:`.memory` — peak memory of one call (the device's allocator statistics, or a dispatch-mode tracker on CPU);
+- :mod:`.results` — the record of a run and the machine it ran on; :mod:`.report` — the table, CSV and JSON;
+- :mod:`.plot` — the PNG (matplotlib, imported only when a plot is asked for).
+
+Nothing here is imported by ``import npu_port``; torch is imported by the modules that need it.
+"""
+
+from __future__ import annotations
+
+from ..errors import NpuPortError
+
+
+class BenchError(NpuPortError, ValueError):
+    """A bench option naming a shape, strategy or device that does not exist here; the message lists valid ones."""
+
+
+__all__ = ["BenchError"]

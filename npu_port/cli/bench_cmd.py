@@ -1,0 +1,131 @@
+"""``npu-port bench``: time every attention strategy on the shapes that matter, on this machine.
+
+    npu-port bench                                    # every strategy that can run here, the device's default shapes
+    npu-port bench --strategies vanilla,sdpa,auto --shapes seq1024,sd-64x64 --dtype float16 --out bench-results
+    npu-port bench --device npu --shapes all --out results/   # bench.csv, bench.json (with the machine), bench.png
+    npu-port bench --shapes custom:2,8,4096,40        # any self-attention size: B,H,S,D
+
+The exit code is 0 when every cell that ran gave finite output within the dtype's tolerance, 1 when a strategy
+accepted a shape and then failed or disagreed with the float64 reference (refusals are results, not failures), 2 for
+a bad option. The work is in :mod:`npu_port.bench`; this module only parses and prints, and imports torch only inside
+:func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_parser(commands: "argparse._SubParsersAction") -> None:
+    parser = commands.add_parser(
+        "bench",
+        help="benchmark attention strategies over shapes (time, memory, TFLOP/s, parity)",
+        description="Time each attention strategy on named shapes: median time, peak memory, TFLOP/s, error against "
+        "a float64 reference, the kernel that ran (what auto picked), or why it cannot run.",
+    )
+    parser.add_argument(
+        "--strategies",
+        metavar="LIST",
+        help="comma-separated strategy names (e.g. vanilla,sdpa,auto), or 'all' to include unavailable ones; "
+        "default: every strategy that can run on this machine",
+    )
+    parser.add_argument(
+        "--shapes",
+        metavar="LIST",
+        help="comma-separated: seq256, seq512, seq1024, sd-64x64, video-15x4096, 'default', 'all', or "
+        "custom:B,H,S,D; default: all but video-15x4096 on cpu, all elsewhere",
+    )
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--device", help="cpu, cuda, npu, ... (default: npu or cuda when available, else cpu)")
+    parser.add_argument(
+        "--warmup", type=_at_least(0), default=2, metavar="N", help="untimed calls per cell (default 2)"
+    )
+    parser.add_argument(
+        "--repeats", type=_at_least(1), default=10, metavar="N", help="timed calls per cell; median (default 10)"
+    )
+    parser.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="largest score tensor a kernel may materialise, e.g. 4GiB; larger is refused without running "
+        "(default: auto's budget, a quarter of the device's free memory)",
+    )
+    parser.add_argument("--out", metavar="DIR", help="write bench.csv, bench.json and bench.png here")
+    parser.add_argument("--no-plot", action="store_true", help="with --out: skip bench.png (no matplotlib needed)")
+
+
+def _progress(total: int):
+    """A tqdm bar on stderr (hidden when stderr is not a terminal); None if tqdm is missing — progress is cosmetic."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="step", file=sys.stderr, disable=None, leave=False, dynamic_ncols=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench import BenchError, plot, report
+    from ..bench.results import FAILED, OK
+    from ..bench.runner import Settings, progress_steps, resolve_device, resolve_dtype, run_bench, select_strategies
+    from ..bench.shapes import parse_shapes
+    from ..strategy.spec import parse_size
+
+    device = resolve_device(args.device)
+    budget = None
+    if args.memory_budget is not None:
+        try:
+            budget = parse_size(args.memory_budget)
+        except ValueError as exc:
+            raise BenchError(f"--memory-budget: {exc}") from None
+    shapes, skipped_shapes = parse_shapes(args.shapes, device.type)
+    strategies, skipped_strategies = select_strategies(args.strategies)
+    if not strategies:
+        why = "; ".join(f"{name}: {reason}" for name, reason in skipped_strategies)
+        raise BenchError(f"no strategy can run on this machine: {why}")
+    out_dir = Path(args.out) if args.out else None
+    if out_dir is not None and not args.no_plot:
+        plot.require_matplotlib()
+
+    settings = Settings(
+        device=device, dtype=resolve_dtype(args.dtype), warmup=args.warmup, repeats=args.repeats, memory_budget=budget
+    )
+    bar = _progress(progress_steps(strategies, shapes, settings))
+    try:
+        result = run_bench(
+            strategies,
+            shapes,
+            settings,
+            skipped_shapes=skipped_shapes,
+            skipped_strategies=skipped_strategies,
+            progress=bar,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    result.settings["requested"] = {"strategies": args.strategies, "shapes": args.shapes}
+    print(report.render_table(result))
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        report.write_csv(result, out_dir / "bench.csv")
+        report.write_json(result, out_dir / "bench.json")
+        written = ["bench.csv", "bench.json"]
+        if not args.no_plot:
+            plot.write_png(result, out_dir / "bench.png")
+            written.append("bench.png")
+        print(f"wrote {', '.join(str(out_dir / name) for name in written)}")
+    broken = [c for c in result.cells if c.status == FAILED or (c.status == OK and c.parity_ok is False)]
+    return 1 if broken else 0
