@@ -37,7 +37,11 @@ def attention(
     back silently.
     """
     call = AttentionCall.from_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    chosen = resolve_kernel(kernel, call)
+    return run_call(call, resolve_kernel(kernel, call))
+
+
+def run_call(call: AttentionCall, chosen: Kernel) -> Tensor:
+    """Run a validated call on the kernel chosen for it, in the caller's layout (empty calls never reach a kernel)."""
     if call.is_empty:
         return call.empty_output()
     return call.restore_shape(chosen.run(call))

@@ -55,6 +55,11 @@ def set_default_selector(selector: Optional[Selector]) -> Selector:
     return previous
 
 
+def current_selector() -> Selector:
+    """The function that picks a kernel when ``kernel=None`` (so a caller can put it back later)."""
+    return _selector
+
+
 def resolve_kernel(kernel: Union[None, str, Kernel], call: AttentionCall) -> Kernel:
     """The kernel that will run ``call``: the active selector's pick, or the forced one if it can run it."""
     if kernel is None:

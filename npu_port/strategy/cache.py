@@ -65,6 +65,7 @@ class DecisionCache:
         self.path = (root or cache_root()) / "auto" / f"{digest}.json"
         self.loads = 0
         self.writes = 0
+        self.error: Optional[str] = None  # why the last write failed, shown by explain()
 
     def _read(self) -> Dict[str, Any]:
         try:
@@ -107,5 +108,5 @@ class DecisionCache:
                 Path(tmp).unlink(missing_ok=True)
                 raise
             self.writes += 1
-        except OSError:
-            pass  # a read-only home or a full disk costs a re-measurement next time, not a failed model run
+        except OSError as exc:  # a read-only home or a full disk costs a re-measurement, not a failed model run
+            self.error = f"cannot write {self.path}: {exc.strerror or exc}"

@@ -59,7 +59,7 @@ def build(raw: RawStrategy, lookup: Callable[[str], Strategy], chain: tuple = ()
             raise StrategyFileError(raw.path, raw.line("extends"), f"extends cycle: {' -> '.join(chain + (name,))}")
         try:
             parent = lookup(data["extends"])
-        except StrategyFileError:
+        except StrategyFileError:  # already names its own file and line
             raise
         except ValueError as exc:
             raise StrategyFileError(raw.path, raw.line("extends"), str(exc)) from None

@@ -71,8 +71,7 @@ class ProcessState:
     def activate(self, handle: Any) -> List[str]:
         """Apply ``handle``'s process-wide effects; returns notes on what did not take effect in this process."""
         if not self.active:
-            self.original_selector = kernel_select.set_default_selector(None)
-            kernel_select.set_default_selector(self.original_selector)
+            self.original_selector = kernel_select.current_selector()
         for key in handle.strategy.env:
             self.original_env.setdefault(key, os.environ.get(key))
         self.active.append(handle)

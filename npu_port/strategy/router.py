@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..attn.api import run_call
 from ..attn.call import AttentionCall
 from ..attn.kernels.base import Kernel
 from ..attn.registry import get_kernel
@@ -199,10 +200,7 @@ class StrategyRouter:
     ) -> Tensor:
         """Attention with SDPA's semantics, run by the kernel this strategy picks for the call's bucket."""
         call = AttentionCall.from_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-        kernel = self.select(call)
-        if call.is_empty:
-            return call.empty_output()
-        return call.restore_shape(kernel.run(call))
+        return run_call(call, self.select(call))
 
     # ---- reporting --------------------------------------------------------------------------------------------
 
@@ -219,6 +217,8 @@ class StrategyRouter:
             lines.append(f"  defined in {s.source}")
         for cache in self.caches.values():
             lines.append(f"  disk cache: {cache.path} ({cache.loads} decisions loaded, {cache.writes} written)")
+            if cache.error:
+                lines.append(f"  disk cache not written: {cache.error}")
         if not self.decisions:
             lines.append("  no attention call yet: decisions are made per shape bucket at the first call")
         for decision in self.decisions.values():
