@@ -16,16 +16,11 @@ import subprocess
 import sys
 import threading
 
+import diffusers
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-pytest.importorskip("diffusers")
-
-import diffusers  # noqa: E402
-from diffusers.models import attention_dispatch, attention_processor  # noqa: E402
-from diffusers.models.attention_processor import (  # noqa: E402
+from diffusers.models import attention_dispatch, attention_processor
+from diffusers.models.attention_processor import (
     Attention,
     AttnProcessor,
     AttnProcessor2_0,
@@ -36,10 +31,12 @@ from diffusers.models.attention_processor import (  # noqa: E402
     SlicedAttnProcessor,
     XFormersAttnProcessor,
 )
-from diffusers.models.transformers import transformer_flux  # noqa: E402
+from diffusers.models.transformers import transformer_flux
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-import npu_port  # noqa: E402
-from npu_port.integrations.diffusers import (  # noqa: E402
+import npu_port
+from npu_port.integrations.diffusers import (
     AppliedAttention,
     Route,
     RoutedAttnProcessor,
@@ -47,10 +44,11 @@ from npu_port.integrations.diffusers import (  # noqa: E402
     apply_to_target,
     current_route,
     patches,
-    tiny,  # noqa: E402
+    tiny,
+    watch,
 )
 
-from .conftest import emulated_torch_npu, fake_flash_attn, fake_xformers  # noqa: E402
+from .conftest import emulated_torch_npu, fake_flash_attn, fake_xformers
 
 CPU_KERNELS = ["math", "sdpa", "chunked"]
 #: attention modules per forward of each tiny model (the VAE forward runs its encoder's and decoder's mid-block)
@@ -93,6 +91,9 @@ def assert_globals_original() -> None:
     assert transformer_flux.dispatch_attention_fn is attention_dispatch.dispatch_attention_fn
 
 
+ORIGINAL_SET_PROCESSOR = Attention.set_processor
+
+
 class Recorder:
     """An attention function that records each call's shapes and keyword arguments, then runs a kernel."""
 
@@ -131,6 +132,8 @@ class Recorder:
 def _no_leftover_patches():
     yield
     assert patches.active_patches() == [], "a test left module globals patched"
+    assert watch.wrapped_classes() == [], "a test left set_processor wrapped"
+    assert Attention.set_processor is ORIGINAL_SET_PROCESSOR
     assert current_route() is None
 
 
@@ -432,6 +435,47 @@ def test_attention_slicing_keeps_working():
         assert all(type(p) is SlicedAttnProcessor for p in unet.attn_processors.values())
         assert_model_close(tiny.run_tiny(unet), base)
         assert applied.total_calls == 0  # sliced attention is baddbmm in diffusers: nothing reaches SDPA
+
+
+def test_replaced_processors_need_no_hooks_or_patches_until_a_foreign_processor_is_set():
+    unet = tiny.tiny_unet()
+    base = tiny.run_tiny(unet)
+    with apply_to_target(unet, kernel_fn("chunked")) as applied:
+        assert_no_hooks(unet)  # our processors route their own core: no per-call hook cost
+        assert_globals_original()  # and nothing outside the model changes
+        assert watch.wrapped_classes() == ["diffusers.models.attention_processor.Attention"]
+        assert Attention.set_processor is not ORIGINAL_SET_PROCESSOR
+        unet.fuse_qkv_projections()  # diffusers sets FusedAttnProcessor2_0 everywhere: now hooks and patches
+        attention = [m for m in unet.modules() if isinstance(m, Attention)]
+        assert all(len(m._forward_pre_hooks) == 1 and len(m._forward_hooks) == 1 for m in attention)
+        assert attention_processor.F is not torch.nn.functional
+        assert_model_close(tiny.run_tiny(unet), base)
+        assert applied.calls == {"sdpa": 8}
+        unet.unfuse_qkv_projections()  # ours come back, and the hooks go again
+        assert_no_hooks(unet)
+        assert_model_close(tiny.run_tiny(unet), base)
+        assert applied.calls == {"sdpa": 8, "processor": 8}
+    assert_globals_original()
+    assert torch.equal(tiny.run_tiny(unet), base)
+
+
+def test_watch_stops_once_and_leaves_a_later_wrapper_in_place():
+    attn = Attention(query_dim=16, heads=2, dim_head=8)
+    seen = []
+    stop = watch.watch(attn, lambda module: seen.append(type(module.processor).__name__))
+    attn.set_processor(AttnProcessor())
+    assert seen == ["AttnProcessor"]
+    theirs = Attention.set_processor  # someone wraps it after us: theirs stays when we stop
+    Attention.set_processor = lambda self, processor: ORIGINAL_SET_PROCESSOR(self, processor)
+    try:
+        stop()
+        stop()  # idempotent
+        assert watch.wrapped_classes() == []
+        assert Attention.set_processor is not theirs and Attention.set_processor is not ORIGINAL_SET_PROCESSOR
+    finally:
+        Attention.set_processor = ORIGINAL_SET_PROCESSOR
+    attn.set_processor(AttnProcessor2_0())
+    assert seen == ["AttnProcessor"]
 
 
 def test_fuse_and_unfuse_qkv_projections():

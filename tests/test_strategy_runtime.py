@@ -305,7 +305,8 @@ def test_process_wide_strategy_sets_env_and_default_kernel_and_restores_exactly(
 
 
 def test_diffusers_runtime_backend_follows_and_is_restored():
-    dispatch = pytest.importorskip("diffusers.models.attention_dispatch")
+    from diffusers.models import attention_dispatch as dispatch
+
     registry = dispatch._AttentionBackendRegistry
     before = registry._active_backend
     with npu_port.attention_strategy("vanilla") as handle:
@@ -315,7 +316,8 @@ def test_diffusers_runtime_backend_follows_and_is_restored():
 
 
 def test_diffusers_refusal_is_reported_not_silent():
-    dispatch = pytest.importorskip("diffusers.models.attention_dispatch")
+    from diffusers.models import attention_dispatch as dispatch
+
     before = dispatch._AttentionBackendRegistry._active_backend
     npu_port.register_strategy(
         "test-env-npu", kernel="sdpa", description="t", env={"DIFFUSERS_ATTN_BACKEND": "_native_npu"}

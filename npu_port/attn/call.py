@@ -52,9 +52,12 @@ def _flatten_mask_batch(mask: Tensor, batch_dims: Tuple[int, ...], ndim: int) ->
     return mask.reshape((math.prod(batch_dims),) + tuple(mask.shape[ndim - 3 :]))
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class AttentionCall:
     """A validated attention call in 4-D layout; what every kernel's ``reasons`` and ``run`` read.
+
+    Treat it as immutable (derive a changed call with ``dataclasses.replace``). It is not a frozen dataclass only
+    because frozen construction costs a microsecond per attention call.
 
     ``query`` is ``(B, Hq, Sq, D)``, ``key`` ``(B, Hkv, Skv, D)``, ``value`` ``(B, Hkv, Skv, Dv)``; ``Hq`` is a
     multiple of ``Hkv`` (grouped-query attention shares each key/value head across ``Hq // Hkv`` query heads,
@@ -85,45 +88,56 @@ class AttentionCall:
         scale: Optional[float] = None,
         enable_gqa: bool = False,
     ) -> "AttentionCall":
-        """Validate SDPA-style arguments (same semantics, clearer errors) and build the call."""
+        """Validate SDPA-style arguments (same semantics, clearer errors) and build the call.
+
+        This runs on every attention call (thousands per image), so each shape is read once and the checks are
+        ordered to cost a few comparisons when the input is valid; the messages are built only on failure.
+        """
         query = _check_tensor("query", query)
         key = _check_tensor("key", key)
         value = _check_tensor("value", value)
-        if not (query.dtype == key.dtype == value.dtype):
+        dtype = query.dtype
+        if not (dtype == key.dtype == value.dtype):
             raise AttentionInputError(
                 "query, key and value must share one dtype; got "
                 f"query {dtype_name(query.dtype)}, key {dtype_name(key.dtype)}, value {dtype_name(value.dtype)}"
             )
-        if not (query.device == key.device == value.device):
+        device = query.device
+        if not (device == key.device == value.device):
             raise AttentionInputError(
                 f"query, key and value must be on one device; got {query.device}, {key.device}, {value.device}"
             )
-        if not (query.dim() == key.dim() == value.dim()):
+        ndim = query.dim()
+        if not (ndim == key.dim() == value.dim()):
             raise AttentionInputError(
                 "query, key and value must have the same number of dimensions (..., heads, seq_len, head_dim); "
                 f"got {query.dim()}, {key.dim()}, {value.dim()}"
             )
-        if not isinstance(is_causal, bool):
+        if is_causal is not False and is_causal is not True:
             raise AttentionInputError(f"is_causal must be True or False, got {is_causal!r}")
-        if not isinstance(enable_gqa, bool):
+        if enable_gqa is not False and enable_gqa is not True:
             raise AttentionInputError(f"enable_gqa must be True or False, got {enable_gqa!r}")
-        if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p <= 1.0:
-            raise AttentionInputError(f"dropout_p must be a number in [0, 1], got {dropout_p!r}")
-        if scale is not None and (
-            isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale)
+        if dropout_p != 0.0 or type(dropout_p) is not float:
+            if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p <= 1.0:
+                raise AttentionInputError(f"dropout_p must be a number in [0, 1], got {dropout_p!r}")
+        if (
+            scale is not None
+            and (
+                type(scale) is not float or not math.isfinite(scale)  # the common case: a finite float
+            )
+            and (isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale))
         ):
             raise AttentionInputError(f"scale must be None or a finite number, got {scale!r}")
 
-        ndim = query.dim()
-        batch_dims = tuple(query.shape[:-3])
-        if tuple(key.shape[:-3]) != batch_dims or tuple(value.shape[:-3]) != batch_dims:
-            raise AttentionInputError(
-                "query, key and value must have the same batch dimensions; got "
-                f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
-            )
-        heads, q_len, head_dim = query.shape[-3:]
-        kv_heads, key_len, key_dim = key.shape[-3:]
-        if tuple(value.shape[-3:-1]) != (kv_heads, key_len):
+        q_shape, k_shape, v_shape = query.shape, key.shape, value.shape
+        if ndim == 4:
+            if not (k_shape[0] == q_shape[0] == v_shape[0]):
+                cls._batch_mismatch(q_shape, k_shape, v_shape)
+        elif k_shape[:-3] != q_shape[:-3] or v_shape[:-3] != q_shape[:-3]:
+            cls._batch_mismatch(q_shape, k_shape, v_shape)
+        heads, q_len, head_dim = q_shape[-3:]
+        kv_heads, key_len, key_dim = k_shape[-3:]
+        if v_shape[-3] != kv_heads or v_shape[-2] != key_len:
             raise AttentionInputError(
                 "key and value must have the same heads and sequence length; got "
                 f"key {tuple(key.shape)}, value {tuple(value.shape)}"
@@ -145,25 +159,35 @@ class AttentionCall:
                     f"enable_gqa needs the query heads ({heads}) to be a multiple of the key/value heads ({kv_heads})"
                 )
 
-        output_shape = tuple(query.shape[:-1]) + (value.shape[-1],)
-        flat = math.prod(batch_dims)  # 3-D inputs get a batch of 1, >4-D inputs one batch of all leading dims
-        q4 = query.reshape((flat,) + tuple(query.shape[-3:])) if ndim != 4 else query
-        k4 = key.reshape((flat,) + tuple(key.shape[-3:])) if ndim != 4 else key
-        v4 = value.reshape((flat,) + tuple(value.shape[-3:])) if ndim != 4 else value
-        target = (q4.shape[0], heads, q_len, key_len)
-        if attn_mask is not None and isinstance(attn_mask, Tensor) and ndim != 4:
-            attn_mask = _flatten_mask_batch(attn_mask, batch_dims, ndim)
-        mask = canonicalize(attn_mask, target, query.device)
+        output_shape = q_shape[:-1] + v_shape[-1:]
+        if ndim == 4:
+            batch = q_shape[0]
+        else:  # 3-D inputs get a batch of 1, >4-D inputs one batch of all leading dims
+            batch_dims = tuple(q_shape[:-3])
+            batch = math.prod(batch_dims)
+            query = query.reshape((batch,) + tuple(q_shape[-3:]))
+            key = key.reshape((batch,) + tuple(k_shape[-3:]))
+            value = value.reshape((batch,) + tuple(v_shape[-3:]))
+            if attn_mask is not None and isinstance(attn_mask, Tensor):
+                attn_mask = _flatten_mask_batch(attn_mask, batch_dims, ndim)
+        mask = None if attn_mask is None else canonicalize(attn_mask, (batch, heads, q_len, key_len), device)
         return cls(
-            query=q4,
-            key=k4,
-            value=v4,
+            query=query,
+            key=key,
+            value=value,
             mask=mask,
             is_causal=is_causal,
             dropout_p=float(dropout_p),
             scale=float(scale) if scale is not None else 1.0 / math.sqrt(head_dim),
             enable_gqa=enable_gqa,
-            output_shape=output_shape,
+            output_shape=tuple(output_shape),
+        )
+
+    @staticmethod
+    def _batch_mismatch(q_shape: torch.Size, k_shape: torch.Size, v_shape: torch.Size) -> None:
+        raise AttentionInputError(
+            "query, key and value must have the same batch dimensions; got "
+            f"query {tuple(q_shape)}, key {tuple(k_shape)}, value {tuple(v_shape)}"
         )
 
     # ---- facts kernels ask about --------------------------------------------------------------------------------

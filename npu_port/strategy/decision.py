@@ -9,7 +9,7 @@ cached on disk and shown by ``explain()``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..attn.call import AttentionCall
 from ..attn.masks import dtype_name
@@ -27,8 +27,26 @@ def mask_form(call: AttentionCall) -> str:
     return f"{call.mask.kind}[{pattern}]"
 
 
+def bucket_signature(call: AttentionCall) -> Tuple[Any, ...]:
+    """What the router looks its choice up by, on every call: a tuple that determines :func:`bucket_key` (the exact
+    shapes fix the mask's broadcast pattern), built from a few attribute reads. The readable string is made only
+    when a bucket is first seen."""
+    mask = call.mask
+    return (
+        call.query.shape,
+        call.key.shape,
+        call.value.shape,
+        call.query.dtype,
+        call.query.device,
+        None if mask is None else (mask.bias is None, mask.keep.shape),
+        call.is_causal,
+        call.dropout_p > 0,
+        call.needs_grad,
+    )
+
+
 def bucket_key(call: AttentionCall) -> str:
-    """The bucket of a call, as a stable string (also the on-disk cache key)."""
+    """The bucket of a call, as a stable string (also the on-disk cache key and what ``explain()`` shows)."""
     return (
         f"{call.device} {dtype_name(call.dtype)} B={call.batch} H={call.heads}/{call.kv_heads} "
         f"Sq={call.q_len} Skv={call.key_len} D={call.head_dim}/{call.value_dim} mask={mask_form(call)} "

@@ -7,7 +7,8 @@ entry, at most two key/value heads, the first ``parity_rows`` query rows, every 
 NaN/inf or disagrees beyond the dtype's tolerance is rejected with the number recorded — a kernel can be fast and
 wrong, see pytorch#193893), then times the survivors on the real inputs (warm-up, then round-robin repeats with the
 order rotated so machine noise hits every candidate alike, median, device synchronised) within a time budget, and
-keeps the fastest. Only the forward pass is timed.
+keeps the fastest. Only the forward pass is timed. A lone survivor is not timed again (its warm-up time stands): on
+a call that takes a minute, that halves the first call's cost.
 """
 
 from __future__ import annotations
@@ -89,38 +90,24 @@ def parity_error(kernel: Kernel, sliced: AttentionCall, reference: Tensor) -> Tu
     return error, tolerance
 
 
-def time_kernel(kernel: Kernel, call: AttentionCall, warmup: int, repeats: int, deadline: float) -> Tuple[float, int]:
-    """Median seconds of ``repeats`` synchronised runs (fewer if ``deadline`` passes; at least one)."""
-    device = call.device
-    for _ in range(warmup):
-        out = kernel.run(call)
-        if not bool(torch.isfinite(out).all()):
-            raise FloatingPointError("the output has NaN or inf values on the real inputs")
-        del out
-    times: List[float] = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        kernel.run(call)
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-        if time.perf_counter() > deadline:
-            break
-    return statistics.median(times), len(times)
-
-
 def _failure(exc: Exception) -> str:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return f"failed: {type(exc).__name__}: {message}"
 
 
-def _warm_up(kernel: Kernel, call: AttentionCall, warmup: int) -> None:
-    """Untimed runs on the real inputs (at least one: its output has to be free of NaN / inf)."""
+def _warm_up(kernel: Kernel, call: AttentionCall, warmup: int) -> float:
+    """Runs on the real inputs before timing (at least one: its output has to be free of NaN / inf); returns the
+    last one's synchronised seconds."""
+    seconds = 0.0
     for index in range(max(warmup, 1)):
+        synchronize(call.device)
+        start = time.perf_counter()
         out = kernel.run(call)
         if index == 0 and not bool(torch.isfinite(out).all()):
             raise FloatingPointError("the output has NaN or inf values on the real inputs")
+        seconds = time.perf_counter() - start
         del out
+    return seconds
 
 
 def _time_round_robin(survivors, call: AttentionCall, repeats: int, deadline: float) -> None:
@@ -206,14 +193,17 @@ def measure(
                         )
                     )
                     continue
-                _warm_up(kernel, call, warmup)
+                warm_seconds = _warm_up(kernel, call, warmup)
             except Exception as exc:  # a backend that accepts a call and then fails is exactly what auto must catch
                 results.append(CandidateResult(kernel.name, REJECTED, [_failure(exc)]))
                 continue
             result = CandidateResult(kernel.name, OK, parity_error=error, tolerance=tolerance)
             survivors.append((kernel, result))
             results.append(result)
-        _time_round_robin(survivors, call, repeats, deadline)
+        if len(survivors) == 1:  # nothing to compare: its warm-up time is shown, and a huge call is not run again
+            survivors[0][1].median_s, survivors[0][1].runs = warm_seconds, 1
+        else:
+            _time_round_robin(survivors, call, repeats, deadline)
     timed = [r for r in results if r.status == OK]
     if not timed:
         raise NoKernelError(call.describe(), {r.kernel: r.reasons for r in results})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -25,9 +25,12 @@ from ..device import free_memory_bytes
 from ..errors import KernelUnavailableError, NoKernelError, StrategyError
 from .cache import DecisionCache
 from .cast import CastKernel
-from .decision import PICKED, REFUSED, CandidateResult, Decision, bucket_key
+from .decision import PICKED, REFUSED, CandidateResult, Decision, bucket_key, bucket_signature
 from .measure import measure
 from .spec import Strategy
+
+#: Signatures whose prepared runner is kept; past this many (shapes that keep changing) the table starts over.
+MAX_PREPARED = 1024
 
 #: auto's default memory budget when the strategy sets none: this share of the device's free memory.
 FREE_MEMORY_SHARE = 0.25
@@ -72,7 +75,8 @@ class StrategyRouter:
         compute = strategy.option("compute_dtype")
         self.compute_dtype: Optional[torch.dtype] = getattr(torch, compute) if compute else None
         self.decisions: Dict[str, Decision] = {}
-        self._chosen: Dict[str, Kernel] = {}
+        self._chosen: Dict[Tuple[Any, ...], Kernel] = {}  # by bucket_signature: the per-call lookup
+        self._prepared: Dict[Tuple[Any, ...], Tuple[Callable[..., Tensor], str]] = {}  # by raw signature, see __call__
         self.calls: Counter = Counter()
         self.caches: Dict[str, DecisionCache] = {}
         self.probes = 0
@@ -109,17 +113,24 @@ class StrategyRouter:
 
     def select(self, call: AttentionCall) -> Kernel:
         """The kernel for ``call`` (raises with every reason when none can run it)."""
-        bucket = bucket_key(call)
-        kernel = self._chosen.get(bucket)
+        signature = bucket_signature(call)
+        kernel = self._chosen.get(signature)
         if kernel is None:
-            with self._lock:
-                kernel = self._chosen.get(bucket)
-                if kernel is None:
-                    decision = self._decide(call, bucket)
-                    kernel = self._kernel_named(decision.kernel, call)
-                    self.decisions[bucket] = decision
-                    self._chosen[bucket] = kernel
+            kernel = self._first_in_bucket(call, signature)
         self.calls[kernel.name] += 1
+        return kernel
+
+    def _first_in_bucket(self, call: AttentionCall, signature: Tuple[Any, ...]) -> Kernel:
+        with self._lock:
+            kernel = self._chosen.get(signature)
+            if kernel is None:
+                bucket = bucket_key(call)
+                decision = self.decisions.get(bucket)
+                if decision is None:
+                    decision = self._decide(call, bucket)
+                kernel = self._kernel_named(decision.kernel, call)
+                self.decisions[bucket] = decision
+                self._chosen[signature] = kernel
         return kernel
 
     def _kernel_named(self, name: str, call: AttentionCall) -> Kernel:
@@ -198,9 +209,51 @@ class StrategyRouter:
         scale: Optional[float] = None,
         enable_gqa: bool = False,
     ) -> Tensor:
-        """Attention with SDPA's semantics, run by the kernel this strategy picks for the call's bucket."""
+        """Attention with SDPA's semantics, run by the kernel this strategy picks for the call's bucket.
+
+        Unmasked calls whose exact signature was seen before go straight to what the chosen kernel's ``prepare``
+        returned: the signature holds everything validation and the choice depend on (shapes, dtypes, devices, the
+        scalar arguments with their types, whether gradients are needed), so a hit is a call already checked. This
+        is the path a model's thousands of attention calls take; masked calls build an :class:`AttentionCall`.
+        """
+        signature = None
+        if attn_mask is None:
+            try:
+                signature = (
+                    query.shape,
+                    key.shape,
+                    value.shape,
+                    query.dtype,
+                    key.dtype,
+                    value.dtype,
+                    query.device,
+                    key.device,
+                    value.device,
+                    dropout_p,
+                    is_causal,
+                    scale,
+                    enable_gqa,
+                    type(dropout_p),
+                    type(is_causal),
+                    type(scale),
+                    type(enable_gqa),
+                    torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad),
+                )
+                prepared = self._prepared.get(signature)
+            except (AttributeError, TypeError):  # not tensors, an unhashable scale: validation will say what
+                signature = prepared = None
+            if prepared is not None:
+                self.calls[prepared[1]] += 1
+                return prepared[0](query, key, value)
         call = AttentionCall.from_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-        return run_call(call, self.select(call))
+        kernel = self.select(call)
+        if signature is not None and query.dim() == 4 and not call.is_empty:
+            runner = kernel.prepare(call)
+            if runner is not None:
+                if len(self._prepared) >= MAX_PREPARED:  # shapes that never repeat (growing sequences): start over
+                    self._prepared.clear()
+                self._prepared[signature] = (runner, kernel.name)
+        return run_call(call, kernel)
 
     # ---- reporting --------------------------------------------------------------------------------------------
 

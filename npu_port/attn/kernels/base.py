@@ -183,6 +183,14 @@ class Kernel:
         """Compute attention for a call whose ``reasons`` are empty; returns ``(B, Hq, Sq, Dv)``."""
         raise NotImplementedError
 
+    def prepare(self, call: AttentionCall) -> Optional[Callable[[Tensor, Tensor, Tensor], Tensor]]:
+        """A function ``(query, key, value) -> output`` that runs every later call with ``call``'s exact signature
+        (shapes, dtypes, device, no mask, the same flags and scale) without building an :class:`AttentionCall`, or
+        None (the default) when the kernel needs the full call. Routers cache it per signature, the way cuDNN
+        caches an execution plan: on small shapes the per-call Python is as costly as the kernel itself.
+        """
+        return None
+
     def score_bytes(self, call: AttentionCall) -> int:
         """Bytes of attention scores this kernel materialises for ``call`` (0 for fused, O(S) kernels).
 

@@ -8,6 +8,7 @@ The strategy API calls :func:`apply_to_target`; everything else here is how it w
 * :mod:`.processor` — the processor that replaces diffusers' standard ones (their steps, our attention core);
 * :mod:`.routing` — the per-module route (a context variable set by forward hooks) and call counting;
 * :mod:`.patches` — the shared, reversible patches that route the SDPA / dispatcher calls of kept processors;
+* :mod:`.watch` — noticing a processor set later on a module whose processor we replaced (hooks only then);
 * :mod:`.applied` — the record of one application and its ``restore()``;
 * :mod:`.apply` — putting it together, all or nothing.
 

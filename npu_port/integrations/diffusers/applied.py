@@ -14,7 +14,7 @@ that cannot read them. Such modules are listed in ``AppliedAttention.left_alone`
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -67,6 +67,7 @@ class AppliedAttention:
         self.left_alone: List[str] = []
         self._undo_processors: List[Tuple[str, nn.Module, Any, Any]] = []
         self._handles: List[RemovableHandle] = []
+        self._unwatch: List[Callable[[], None]] = []
         self._lease: Optional[PatchLease] = None
         self._restored = False
 
@@ -134,7 +135,7 @@ class AppliedAttention:
     # ---- undo -------------------------------------------------------------------------------------------------
 
     def restore(self) -> None:
-        """Put back the original processor objects, remove the hooks, release the patches. Idempotent.
+        """Stop watching, put back the original processor objects, remove the hooks, release the patches. Idempotent.
 
         A module whose processor is no longer the one installed here keeps its current one (see ``left_alone``).
         Every step is attempted even if one fails; the first failure is raised at the end.
@@ -143,6 +144,9 @@ class AppliedAttention:
             return
         self._restored = True
         first_error: Optional[BaseException] = None
+        for unwatch in reversed(self._unwatch):  # first: putting processors back must not wake the watchers
+            unwatch()
+        self._unwatch.clear()
         for handle in reversed(self._handles):
             handle.remove()
         self._handles.clear()

@@ -9,8 +9,10 @@ Two mechanisms, chosen per module by the processor it has:
   weights, user processors) is kept, and its call to SDPA or ``dispatch_attention_fn`` is routed while the module
   runs (:mod:`.routing`, :mod:`.patches`).
 
-Every targeted module also gets the routing hooks, replaced ones included, so a processor diffusers swaps in later
-(``fuse_qkv_projections``, IP-Adapter loading, ``set_attn_processor``) is still routed. With a
+A module with a kept processor gets routing hooks; a replaced one gets none (our processor routes its own core) but
+is watched, so a processor diffusers sets on it later (``fuse_qkv_projections``, IP-Adapter loading,
+``set_attn_processor``) gets the hooks then and is still routed (:mod:`.watch`). The module-global patches are taken
+only when some processor needs them: a model whose processors are all replaced runs with no hook and no patch. With a
 ``processor_factory`` (the ``custom-processor`` strategy) every module gets a fresh processor from it instead and
 nothing is routed.
 
@@ -31,6 +33,7 @@ from .patches import PatchLease
 from .processor import RoutedAttnProcessor
 from .routing import AttentionFn, Route, install_route_hooks
 from .targets import attention_modules, describe_type
+from .watch import watch
 
 ATTENTION_FN_SIGNATURE = (
     "(query, key, value, attn_mask=None, *, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False) -> Tensor"
@@ -95,8 +98,6 @@ def _install_routing(
     attention_fn: AttentionFn,
     api: classes.DiffusersClasses,
 ) -> None:
-    lease = applied._lease = PatchLease(api.dispatch_attention_fn)
-    lease.cover_loaded_diffusers()
     standard = _standard_processors(api)
     for name, module in found:
         original = getattr(module, "processor", None)
@@ -110,13 +111,45 @@ def _install_routing(
             processor = RoutedAttnProcessor(attention_fn, spec[0], spec[1], module_name=name, tally=applied.tally)
             applied._record(name, module, original, "replaced", installed=processor)
             module.set_processor(processor)
-            route = processor.route
+            applied._unwatch.append(watch(module, _route_when_not_ours(applied, api, processor.route)))
         else:
+            lease = _lease(applied, api)
             for defining in _defining_modules(type(original)):  # a user's processor module is routed too
                 lease.cover(defining)
             applied._record(name, module, original, "routed" if lease.routes(type(original)) else "kept")
-            route = Route(attention_fn, name, applied.tally)
-        applied._handles.extend(install_route_hooks(module, route))
+            applied._handles.extend(install_route_hooks(module, Route(attention_fn, name, applied.tally)))
+
+
+def _lease(applied: AppliedAttention, api: classes.DiffusersClasses) -> PatchLease:
+    """The application's module-global patches, taken the first time a processor other than ours needs them."""
+    if applied._lease is None:
+        applied._lease = PatchLease(api.dispatch_attention_fn)
+        applied._lease.cover_loaded_diffusers()
+    return applied._lease
+
+
+def _route_when_not_ours(
+    applied: AppliedAttention, api: classes.DiffusersClasses, route: Route
+) -> Callable[[nn.Module], None]:
+    """The watcher of a module whose processor we replaced: a processor set on it later that is not ours gets the
+    routing hooks (and the patches) then; when ours comes back, the hooks go again (see :mod:`.watch`)."""
+    handles: List[Any] = []
+
+    def on_new_processor(module: nn.Module) -> None:
+        processor = getattr(module, "processor", None)
+        if type(processor) is RoutedAttnProcessor:
+            for handle in handles:
+                handle.remove()
+                applied._handles.remove(handle)
+            handles.clear()
+        elif not handles:
+            lease = _lease(applied, api)
+            for defining in _defining_modules(type(processor)):
+                lease.cover(defining)
+            handles.extend(install_route_hooks(module, route))
+            applied._handles.extend(handles)
+
+    return on_new_processor
 
 
 def apply_to_target(

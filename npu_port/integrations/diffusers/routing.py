@@ -70,8 +70,20 @@ class Route:
         enable_gqa: bool = False,
     ) -> Tensor:
         """Run one attention core (SDPA semantics, ``(B, H, S, D)``) through the attention function and count it."""
-        self.tally.calls[path] += 1
-        self.tally.by_module[self.module_name] += 1
+        tally = self.tally
+        tally.calls[path] += 1
+        tally.by_module[self.module_name] += 1
+        if not _ACTIVE.get():  # no route to hide (our processor in a module without hooks): the common case
+            return self.attention_fn(
+                query,
+                key,
+                value,
+                attn_mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
+            )
         token = _ACTIVE.set(())
         try:
             return self.attention_fn(
