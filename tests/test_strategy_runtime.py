@@ -175,6 +175,38 @@ def test_auto_respects_its_time_budget():
     assert decision.candidates[-1].reasons == ["probe time budget (0.2 s) spent"]
 
 
+class _Counted(_Scaled):
+    """A correct kernel that sleeps and counts its runs."""
+
+    def __init__(self, name, delay):
+        super().__init__(factor=1.0, delay=delay)
+        self.name, self.runs = name, 0
+
+    def run(self, call):
+        self.runs += 1
+        return super().run(call)
+
+
+def test_auto_starts_no_round_that_would_overrun_its_budget_and_judges_by_first_runs():
+    q, k, v = qkv()
+    call = AttentionCall.from_arguments(q, k, v)
+    fast, slow = _Counted("fast", 0.04), _Counted("slow", 0.08)
+    decision = _measure(call, [slow, fast], probe_seconds=0.3, warmup=2, repeats=5)
+    assert (slow.runs, fast.runs) == (2, 2)  # parity + first run each take 0.24 s: a 0.12 s round would not fit
+    by_name = {c.kernel: c for c in decision.candidates}
+    assert decision.kernel == "fast" and by_name["fast"].runs == by_name["slow"].runs == 1
+    assert by_name["slow"].median_s >= 0.08 and by_name["fast"].median_s >= 0.04
+
+
+def test_a_lone_survivor_is_not_run_again():
+    q, k, v = qkv()
+    call = AttentionCall.from_arguments(q, k, v)
+    only = _Counted("only", 0.0)
+    decision = _measure(call, [only, _Scaled(1.5)], warmup=2, repeats=5)
+    assert decision.kernel == "only" and only.runs == 2  # the parity slice and one run on the real inputs
+    assert decision.candidates[0].runs == 1
+
+
 def test_auto_refuses_candidates_over_the_memory_budget_and_falls_to_chunked():
     q, k, v = qkv(b=1, h=2, s=512, d=8)
     r = router("auto", candidates=["math", "chunked"], memory_budget="1MiB", cache=False)

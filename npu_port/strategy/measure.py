@@ -5,10 +5,12 @@ For the first call in a bucket ``auto`` asks each candidate for its reasons (che
 would not fit the memory budget, checks the rest against the math kernel on a slice of the real inputs (one batch
 entry, at most two key/value heads, the first ``parity_rows`` query rows, every key; a kernel that errors, gives
 NaN/inf or disagrees beyond the dtype's tolerance is rejected with the number recorded — a kernel can be fast and
-wrong, see pytorch#193893), then times the survivors on the real inputs (warm-up, then round-robin repeats with the
-order rotated so machine noise hits every candidate alike, median, device synchronised) within a time budget, and
-keeps the fastest. Only the forward pass is timed. A lone survivor is not timed again (its warm-up time stands): on
-a call that takes a minute, that halves the first call's cost.
+wrong, see pytorch#193893), runs each survivor once on the real inputs (a NaN check, and a first time), then times
+them in round-robin rounds (warm-up rounds first, order rotated so machine noise hits every candidate alike, median,
+device synchronised) and keeps the fastest. Only the forward pass is timed. The probe budget bounds it: no new
+candidate is started once it is spent, and a round is started only if the first runs say it fits, so on calls of a
+second or more the first runs are the measurement; a lone survivor is not run again at all (on a call that takes a
+minute, that halves the first call's cost).
 """
 
 from __future__ import annotations
@@ -95,27 +97,35 @@ def _failure(exc: Exception) -> str:
     return f"failed: {type(exc).__name__}: {message}"
 
 
-def _warm_up(kernel: Kernel, call: AttentionCall, warmup: int) -> float:
-    """Runs on the real inputs before timing (at least one: its output has to be free of NaN / inf); returns the
-    last one's synchronised seconds."""
-    seconds = 0.0
-    for index in range(max(warmup, 1)):
-        synchronize(call.device)
-        start = time.perf_counter()
-        out = kernel.run(call)
-        if index == 0 and not bool(torch.isfinite(out).all()):
-            raise FloatingPointError("the output has NaN or inf values on the real inputs")
-        seconds = time.perf_counter() - start
-        del out
+def _first_run(kernel: Kernel, call: AttentionCall) -> float:
+    """One run on the real inputs, whose output must be free of NaN / inf; its synchronised seconds."""
+    synchronize(call.device)
+    start = time.perf_counter()
+    out = kernel.run(call)
+    synchronize(call.device)
+    seconds = time.perf_counter() - start
+    if not bool(torch.isfinite(out).all()):
+        raise FloatingPointError("the output has NaN or inf values on the real inputs")
     return seconds
 
 
-def _time_round_robin(survivors, call: AttentionCall, repeats: int, deadline: float) -> None:
-    """Time the survivors in rounds, one run each per round with the order rotated, so that a burst of load on a
-    shared machine slows every candidate alike instead of skewing one candidate's median. At least one round; then
-    rounds stop at ``repeats`` or at the deadline."""
+def _time_round_robin(
+    survivors, call: AttentionCall, warmup: int, repeats: int, deadline: float, first: Dict[str, float]
+) -> None:
+    """Run the survivors in rounds, one run each per round with the order rotated, so that a burst of load on a
+    shared machine slows every candidate alike instead of skewing one candidate's median: ``warmup - 1`` untimed
+    rounds (every survivor has had one run already), then up to ``repeats`` timed ones.
+
+    A round starts only if it fits before ``deadline`` as the first runs predict it, so a round of big calls (a second
+    each on a CPU) never overruns the probe budget. A candidate that got no timed run is judged by its first run
+    (``first``), which on such calls differs little from later ones.
+    """
     times: Dict[str, List[float]] = {result.kernel: [] for _, result in survivors}
-    for round_index in range(repeats):
+    round_cost = sum(first.values())
+    untimed = max(warmup, 1) - 1
+    for round_index in range(untimed + repeats):
+        if time.perf_counter() + round_cost > deadline:
+            break
         shift = round_index % max(len(survivors), 1)
         for kernel, result in survivors[shift:] + survivors[:shift]:
             if result.status != OK:
@@ -128,13 +138,13 @@ def _time_round_robin(survivors, call: AttentionCall, repeats: int, deadline: fl
             except Exception as exc:
                 result.status, result.reasons = REJECTED, [_failure(exc)]
                 continue
-            times[result.kernel].append(time.perf_counter() - start)
-        if time.perf_counter() > deadline:
-            break
+            if round_index >= untimed:
+                times[result.kernel].append(time.perf_counter() - start)
     for _, result in survivors:
         if result.status == OK:
-            result.median_s = statistics.median(times[result.kernel])
-            result.runs = len(times[result.kernel])
+            samples = times[result.kernel] or [first[result.kernel]]
+            result.median_s = statistics.median(samples)
+            result.runs = len(samples)
 
 
 def measure(
@@ -173,7 +183,8 @@ def measure(
         sliced = parity_slice(call, parity_rows)
         reference = reference_output(sliced)
         survivors: List[Tuple[Kernel, CandidateResult]] = []
-        for kernel in runnable:  # phase 1: parity on the slice, then warm-up (and a NaN check) on the real inputs
+        first: Dict[str, float] = {}  # each survivor's first run on the real inputs (seconds)
+        for kernel in runnable:  # parity on the slice, then one run (NaN check, first time) on the real inputs
             if survivors and time.perf_counter() > deadline:
                 results.append(
                     CandidateResult(kernel.name, SKIPPED, [f"probe time budget ({probe_seconds:g} s) spent"])
@@ -193,17 +204,17 @@ def measure(
                         )
                     )
                     continue
-                warm_seconds = _warm_up(kernel, call, warmup)
+                first[kernel.name] = _first_run(kernel, call)
             except Exception as exc:  # a backend that accepts a call and then fails is exactly what auto must catch
                 results.append(CandidateResult(kernel.name, REJECTED, [_failure(exc)]))
                 continue
             result = CandidateResult(kernel.name, OK, parity_error=error, tolerance=tolerance)
             survivors.append((kernel, result))
             results.append(result)
-        if len(survivors) == 1:  # nothing to compare: its warm-up time is shown, and a huge call is not run again
-            survivors[0][1].median_s, survivors[0][1].runs = warm_seconds, 1
+        if len(survivors) == 1:  # nothing to compare: its first run's time is shown, and a huge call is not run again
+            survivors[0][1].median_s, survivors[0][1].runs = first[survivors[0][0].name], 1
         else:
-            _time_round_robin(survivors, call, repeats, deadline)
+            _time_round_robin(survivors, call, warmup, repeats, deadline, first)
     timed = [r for r in results if r.status == OK]
     if not timed:
         raise NoKernelError(call.describe(), {r.kernel: r.reasons for r in results})
