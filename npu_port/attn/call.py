@@ -117,17 +117,12 @@ class AttentionCall:
             raise AttentionInputError(f"is_causal must be True or False, got {is_causal!r}")
         if enable_gqa is not False and enable_gqa is not True:
             raise AttentionInputError(f"enable_gqa must be True or False, got {enable_gqa!r}")
-        if dropout_p != 0.0 or type(dropout_p) is not float:
+        if not (type(dropout_p) is float and 0.0 <= dropout_p <= 1.0):  # the common case first: a float in range
             if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p <= 1.0:
                 raise AttentionInputError(f"dropout_p must be a number in [0, 1], got {dropout_p!r}")
-        if (
-            scale is not None
-            and (
-                type(scale) is not float or not math.isfinite(scale)  # the common case: a finite float
-            )
-            and (isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale))
-        ):
-            raise AttentionInputError(f"scale must be None or a finite number, got {scale!r}")
+        if scale is not None and not (type(scale) is float and math.isfinite(scale)):
+            if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+                raise AttentionInputError(f"scale must be None or a finite number, got {scale!r}")
 
         q_shape, k_shape, v_shape = query.shape, key.shape, value.shape
         if ndim == 4:

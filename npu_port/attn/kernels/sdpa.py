@@ -9,6 +9,7 @@ backend, finite gradients, no host synchronisation. Backends can be pinned with 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -54,7 +55,9 @@ def _check_backends(value: Any) -> Optional[Tuple[str, ...]]:
     return tuple(dict.fromkeys(names))
 
 
-def _sdpa_context(backends: Tuple[str, ...]):
+def _sdpa_context(backends: Optional[Tuple[str, ...]]):
+    if backends is None:
+        return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([getattr(SDPBackend, BACKENDS[b]) for b in backends])
@@ -176,29 +179,15 @@ class SdpaKernel(Kernel):
 
     def run(self, call: AttentionCall) -> Tensor:
         mask, row_has_key, is_causal = sdpa_mask(call)
-        key, value = call.key, call.value
+        key, value, gqa = call.key, call.value, call.group > 1
         kwargs = {}
-        if key.shape[1] != call.query.shape[1]:  # grouped-query attention
-            if SUPPORTS_ENABLE_GQA:
-                kwargs["enable_gqa"] = True
-            else:  # torch < 2.5: share heads by expanding key/value
-                key = key.repeat_interleave(call.group, dim=1)
-                value = value.repeat_interleave(call.group, dim=1)
-        backends = self._options["backends"]
-        if backends is None:  # the per-call path: no context manager to enter
-            out = F.scaled_dot_product_attention(
-                call.query,
-                key,
-                value,
-                attn_mask=mask,
-                dropout_p=call.dropout_p,
-                is_causal=is_causal,
-                scale=call.scale,
-                **kwargs,
-            )
-            return out if row_has_key is None else zero_fully_masked_rows(out, row_has_key)
+        if gqa and SUPPORTS_ENABLE_GQA:
+            kwargs["enable_gqa"] = True
+        elif gqa:  # torch < 2.5: share heads by expanding key/value
+            key = key.repeat_interleave(call.group, dim=1)
+            value = value.repeat_interleave(call.group, dim=1)
         try:
-            with _sdpa_context(backends):
+            with _sdpa_context(self._options["backends"]):
                 out = F.scaled_dot_product_attention(
                     call.query,
                     key,
@@ -210,8 +199,10 @@ class SdpaKernel(Kernel):
                     **kwargs,
                 )
         except RuntimeError as exc:
+            if self._options["backends"] is None:
+                raise
             raise KernelRuntimeError(
-                f"SDPA pinned to {', '.join(backends)} could not run this call "
+                f"SDPA pinned to {', '.join(self._options['backends'])} could not run this call "
                 f"({call.describe()}): {str(exc).strip().splitlines()[0]}; allow more backends (e.g. add 'math') "
                 "or use the chunked kernel"
             ) from exc

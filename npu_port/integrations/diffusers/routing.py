@@ -73,18 +73,7 @@ class Route:
         tally = self.tally
         tally.calls[path] += 1
         tally.by_module[self.module_name] += 1
-        if not _ACTIVE.get():  # no route to hide (our processor in a module without hooks): the common case
-            return self.attention_fn(
-                query,
-                key,
-                value,
-                attn_mask,
-                dropout_p=dropout_p,
-                is_causal=is_causal,
-                scale=scale,
-                enable_gqa=enable_gqa,
-            )
-        token = _ACTIVE.set(())
+        token = _ACTIVE.set(()) if _ACTIVE.get() else None  # usually nothing to hide: our processor, no hooks
         try:
             return self.attention_fn(
                 query,
@@ -97,7 +86,8 @@ class Route:
                 enable_gqa=enable_gqa,
             )
         finally:
-            _ACTIVE.reset(token)
+            if token is not None:
+                _ACTIVE.reset(token)
 
     def decline(self, reason: str) -> None:
         """Count a call that is left to diffusers, with the reason (shown by ``explain``)."""
