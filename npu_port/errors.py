@@ -91,3 +91,15 @@ class StrategyFileError(NpuPortError, ValueError):
 
 class StrategyError(NpuPortError, ValueError):
     """A strategy that cannot be applied as asked (bad option, missing processor, unavailable kernel)."""
+
+
+class DeviceError(NpuPortError, ValueError):
+    """A device was named that is unknown or not usable here; the message lists what this machine has."""
+
+
+class NpuOptionError(NpuPortError, ValueError):
+    """An Ascend option (ACL option, NPU runtime setting or environment variable) that the docs do not allow."""
+
+
+class RedirectError(NpuPortError, RuntimeError):
+    """The cuda -> device redirect was asked for something it cannot do safely (e.g. two different targets)."""

@@ -1,11 +1,45 @@
-"""The device layer: what the machine has, without changing anything until asked.
+"""The device layer: what the machine has, and — only when asked — making CUDA-written code run on it.
 
-So far it answers what the attention kernels and ``auto`` need (free memory, synchronising for timing, the device's
-model name for cache keys); detection, the reversible cuda->npu redirect and ACL options arrive with the
-device-layer issue. It knows nothing about attention.
+Detection is honest (:mod:`.detect`), the ``torch.cuda.*`` housekeeping calls have device-generic stand-ins
+(:mod:`.helpers`), the cuda -> device redirect is scoped and reversible (:mod:`.redirect`), and Ascend's runtime
+options are validated before they are set (:mod:`.npu_options`). It knows nothing about attention.
 """
 
-from .memory import free_memory_bytes
-from .sync import device_name, synchronize
+from .detect import DEVICE_TYPES, ENV_VARIABLE, BackendStatus, available_device_types, backend_status, backends, get_device
+from .helpers import (
+    autocast_device_type,
+    autocast_dtype,
+    device_count,
+    empty_cache,
+    manual_seed,
+    max_memory_allocated,
+    mem_get_info,
+    memory_allocated,
+    reset_peak_memory_stats,
+    synchronize,
+)
+from .memory import free_memory_bytes, host_memory_bytes
+from .sync import device_name
 
-__all__ = ["device_name", "free_memory_bytes", "synchronize"]
+__all__ = [
+    "DEVICE_TYPES",
+    "ENV_VARIABLE",
+    "BackendStatus",
+    "autocast_device_type",
+    "autocast_dtype",
+    "available_device_types",
+    "backend_status",
+    "backends",
+    "device_count",
+    "device_name",
+    "empty_cache",
+    "free_memory_bytes",
+    "get_device",
+    "host_memory_bytes",
+    "manual_seed",
+    "max_memory_allocated",
+    "mem_get_info",
+    "memory_allocated",
+    "reset_peak_memory_stats",
+    "synchronize",
+]

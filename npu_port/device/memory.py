@@ -26,6 +26,23 @@ def _host_available_bytes() -> Optional[int]:
         return None
 
 
+def host_memory_bytes() -> "tuple[int, int]":
+    """``(available, total)`` bytes of host RAM (0 for a number the system will not give)."""
+    total = 0
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    total = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        try:
+            total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, AttributeError):
+            total = 0
+    return _host_available_bytes() or 0, total
+
+
 def free_memory_bytes(device: Union[torch.device, str, None] = None) -> Optional[int]:
     """Bytes free on ``device`` (host RAM for cpu), or None when the backend cannot say."""
     device = torch.device(device if device is not None else "cpu")
