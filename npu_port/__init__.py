@@ -36,6 +36,11 @@ _LAZY: Dict[str, str] = {
     "register_kernel": "npu_port.attn.registry",
     "runnable_kernels": "npu_port.attn.select",
     "masks": "npu_port.attn.masks",
+    "get_device": "npu_port.device.detect",
+    "redirect_cuda": "npu_port.device.redirect",
+    "CudaRedirect": "npu_port.device.redirect",
+    "device": "npu_port.device",
+    "distributed": "npu_port.distributed",
     "Strategy": "npu_port.strategy.spec",
     "StrategyHandle": "npu_port.strategy.api",
     "attention_strategy": "npu_port.strategy.api",
@@ -48,7 +53,10 @@ _LAZY: Dict[str, str] = {
 }
 
 if TYPE_CHECKING:  # static analysers see the real objects
+    from . import device, distributed
     from .attn import masks
+    from .device.detect import get_device
+    from .device.redirect import CudaRedirect, redirect_cuda
     from .attn.api import attention
     from .attn.call import AttentionCall
     from .attn.kernels.base import Kernel
@@ -65,12 +73,16 @@ if TYPE_CHECKING:  # static analysers see the real objects
     from .strategy.spec import Strategy
 
 
+#: Lazy names that are modules themselves rather than attributes of one.
+_MODULES = frozenset({"masks", "device", "distributed"})
+
+
 def __getattr__(name: str) -> Any:
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module 'npu_port' has no attribute {name!r}")
     module = importlib.import_module(module_name)
-    value = module if name == "masks" else getattr(module, name)
+    value = module if name in _MODULES else getattr(module, name)
     globals()[name] = value
     return value
 
@@ -80,6 +92,11 @@ def __dir__():
 
 
 __all__ = [
+    "CudaRedirect",
+    "device",
+    "distributed",
+    "get_device",
+    "redirect_cuda",
     "AttentionCall",
     "Strategy",
     "StrategyError",

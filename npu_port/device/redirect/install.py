@@ -1,0 +1,211 @@
+"""``redirect_cuda``: make CUDA-written code run on another device, for a scope, and undo it exactly.
+
+Unlike torch_npu's ``transfer_to_npu`` (global, at import, irreversible), this patches only when installed, keeps
+``torch.cuda.is_available()`` honest unless asked, rewrites device arguments and never other strings, leaves
+``torch.jit.script`` alone, and restores every attribute to the identical object. Installs nest: the patches go on
+with the first and come off with the last; nested redirects must agree on the target.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ...errors import RedirectError
+from ..detect import DeviceLike, get_device
+from . import wrappers
+from .cuda_api import cuda_api, nvtx_api
+from .ledger import PatchLedger
+from .mapping import DeviceMapper, counting
+
+#: torch functions whose ``device=`` keyword may name a CUDA device (those this torch has are patched).
+FACTORY_FUNCTIONS = (
+    "arange", "as_tensor", "asarray", "bartlett_window", "blackman_window", "empty", "empty_like", "empty_permuted",
+    "empty_strided", "eye", "from_file", "full", "full_like", "hamming_window", "hann_window", "kaiser_window",
+    "linspace", "logspace", "normal", "ones", "ones_like", "rand", "rand_like", "randint", "randint_like", "randn",
+    "randn_like", "randperm", "range", "scalar_tensor", "sparse_compressed_tensor", "sparse_coo_tensor",
+    "sparse_csr_tensor", "tensor", "tril_indices", "triu_indices", "zeros", "zeros_like",
+)  # fmt: skip
+#: Tensor methods whose ``device=`` keyword may name a CUDA device.
+TENSOR_FACTORY_METHODS = ("new_empty", "new_empty_strided", "new_full", "new_ones", "new_tensor", "new_zeros")
+
+_lock = threading.RLock()
+
+
+class _Installed:
+    """The one live installation: its ledger, target, options and hit counts."""
+
+    def __init__(self, target: torch.device, cuda_available: bool):
+        self.target = target
+        self.cuda_available = cuda_available
+        self.ledger = PatchLedger()
+        self.hits: Dict[str, int] = {}
+        self.depth = 0
+
+
+_active: Optional[_Installed] = None
+
+
+def _plan(state: _Installed) -> List[Tuple[Any, str, Any]]:
+    """Every (owner, name, replacement) for ``state.target``; nothing is changed here."""
+    import torch.distributed as dist
+    import torch.nn.parallel
+
+    mapper = DeviceMapper(state.target.type)
+
+    def hit(key: str):
+        return counting(state.hits, key)
+
+    plan: List[Tuple[Any, str, Any]] = []
+    for name in FACTORY_FUNCTIONS:
+        if hasattr(torch, name):
+            plan.append((torch, name, wrappers.device_keywords(getattr(torch, name), mapper, hit(f"torch.{name}"))))
+    for name, position in (("set_default_device", 0), ("get_device_module", 0)):
+        plan.append((torch, name, wrappers.device_keywords(getattr(torch, name), mapper, hit(f"torch.{name}"), position=position)))
+    for owner in (torch, torch.serialization):
+        plan.append((owner, "load", wrappers.load(torch.serialization.load, mapper, hit("torch.load"))))
+    plan.append((torch, "Generator", wrappers.generator_proxy(torch.Generator, mapper, hit("torch.Generator"))))
+
+    for name in TENSOR_FACTORY_METHODS:
+        plan.append((torch.Tensor, name, wrappers.device_keywords(getattr(torch.Tensor, name), mapper, hit(f"Tensor.{name}"))))
+    plan.append((torch.Tensor, "to", wrappers.to(torch.Tensor.to, mapper, hit("Tensor.to"))))
+    plan.append((torch.Tensor, "cuda", wrappers.tensor_cuda(mapper, hit("Tensor.cuda"))))
+    plan.append((torch.nn.Module, "to", wrappers.to(torch.nn.Module.to, mapper, hit("Module.to"))))
+    plan.append((torch.nn.Module, "to_empty", wrappers.device_keywords(torch.nn.Module.to_empty, mapper, hit("Module.to_empty"))))
+    plan.append((torch.nn.Module, "cuda", wrappers.module_cuda(mapper, hit("Module.cuda"))))
+
+    autocast = torch.amp.autocast_mode.autocast
+    plan.append(
+        (autocast, "__init__", wrappers.init_with_device(autocast.__init__, mapper, hit("autocast"), "device_type", cuda_default_dtype=True))
+    )
+    scaler = torch.amp.grad_scaler.GradScaler
+    plan.append(
+        (scaler, "__init__", wrappers.init_with_device(scaler.__init__, mapper, hit("GradScaler"), "device", cuda_by_default=True))
+    )
+    plan.append((torch.backends.cuda, "sdp_kernel", wrappers.sdp_kernel(mapper, hit("torch.backends.cuda.sdp_kernel"))))
+
+    for name, function in cuda_api(state.target, mapper).items():
+        plan.append((torch.cuda, name, _counted(function, hit(f"torch.cuda.{name}"))))
+    for name, function in nvtx_api().items():
+        plan.append((torch.cuda.nvtx, name, function))
+    if state.cuda_available:
+        plan.append((torch.cuda, "is_available", lambda: True))
+        plan.append((torch.Tensor, "is_cuda", property(lambda self: self.device.type in ("cuda", state.target.type))))
+
+    if dist.is_available():
+        import torch.distributed.distributed_c10d as c10d
+
+        for owner in (dist, c10d):
+            plan.append((owner, "init_process_group", wrappers.process_group_backend(c10d.init_process_group, mapper, hit("init_process_group"), 0)))
+            plan.append((owner, "new_group", wrappers.process_group_backend(c10d.new_group, mapper, hit("new_group"), None)))
+        ddp = torch.nn.parallel.DistributedDataParallel
+        plan.append((ddp, "__init__", wrappers.ddp_init(ddp.__init__, mapper, hit("DistributedDataParallel"))))
+    return plan
+
+
+def _counted(function: Any, hit: Any) -> Any:
+    """Count calls of a ``torch.cuda`` replacement; classes (Stream, legacy tensor types) are kept as they are."""
+    if isinstance(function, type):
+        return function
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        hit()
+        return function(*args, **kwargs)
+
+    counted.__name__ = counted.__qualname__ = getattr(function, "__name__", "redirected")
+    counted.__doc__ = getattr(function, "__doc__", None)
+    counted.__wrapped__ = function
+    return counted
+
+
+class CudaRedirect:
+    """A scoped redirect of CUDA-written code to ``target``: a context manager, or ``install()`` / ``uninstall()``.
+
+    ``target`` defaults to :func:`npu_port.get_device`. ``cuda_available=True`` makes ``torch.cuda.is_available()``
+    (and ``Tensor.is_cuda`` for tensors on the target) answer True, for code that refuses to run otherwise; by
+    default they stay honest. A cuda target changes nothing.
+    """
+
+    def __init__(self, target: DeviceLike = None, *, cuda_available: bool = False):
+        self.target = get_device(target)
+        self.cuda_available = bool(cuda_available)
+        self._installs = 0
+
+    @property
+    def installed(self) -> bool:
+        return self._installs > 0
+
+    def install(self) -> "CudaRedirect":
+        global _active
+        with _lock:
+            if self.target.type == "cuda":
+                self._installs += 1
+                return self
+            if _active is not None:
+                if (_active.target.type, _active.cuda_available) != (self.target.type, self.cuda_available):
+                    raise RedirectError(
+                        f"a cuda redirect to {_active.target.type} (cuda_available={_active.cuda_available}) is already "
+                        f"installed; a nested redirect must use the same target and options, got {self.target.type} "
+                        f"(cuda_available={self.cuda_available})"
+                    )
+            else:
+                state = _Installed(self.target, self.cuda_available)
+                try:
+                    for owner, name, replacement in _plan(state):
+                        state.ledger.replace(owner, name, replacement)
+                except BaseException:
+                    state.ledger.restore()
+                    raise
+                _active = state
+            _active.depth += 1
+            self._installs += 1
+            return self
+
+    def uninstall(self) -> bool:
+        """Undo one :meth:`install` of this object; the last one out restores every patched attribute.
+
+        Returns False (and changes nothing) when this object has nothing installed.
+        """
+        global _active
+        with _lock:
+            if self._installs == 0:
+                return False
+            self._installs -= 1
+            if self.target.type == "cuda":
+                return True
+            _active.depth -= 1
+            if _active.depth == 0:
+                _active.ledger.restore()
+                _active = None
+            return True
+
+    def hits(self) -> Dict[str, int]:
+        """How often each redirected entry point rewrote a call (empty once uninstalled)."""
+        return dict(_active.hits) if _active is not None and self.installed else {}
+
+    def __enter__(self) -> "CudaRedirect":
+        return self.install()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.uninstall()
+
+    def __repr__(self) -> str:
+        state = "installed" if self.installed else "not installed"
+        return f"CudaRedirect(target={str(self.target)!r}, cuda_available={self.cuda_available}, {state})"
+
+
+def redirect_cuda(target: DeviceLike = None, *, cuda_available: bool = False) -> CudaRedirect:
+    """A :class:`CudaRedirect` to ``target`` (not yet installed: use ``with`` or ``.install()``)."""
+    return CudaRedirect(target, cuda_available=cuda_available)
+
+
+def active_target() -> Optional[torch.device]:
+    """The device CUDA calls are redirected to right now, or None."""
+    return _active.target if _active is not None else None
+
+
+def patched_attributes() -> List[Tuple[Any, str]]:
+    """``(owner, name)`` of everything currently patched (for tests and ``npu-port run``'s summary)."""
+    return [(patch.owner, patch.name) for patch in _active.ledger.patches] if _active is not None else []

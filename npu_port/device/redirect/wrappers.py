@@ -1,0 +1,226 @@
+"""Wrappers that rewrite CUDA device arguments in known positions and then call the original unchanged.
+
+Each wrapper is as thin as possible: a call without a CUDA device argument pays one type check and goes straight
+to the original, so a training loop under the redirect runs at the speed of the same loop written for the target.
+``hit()`` counts the calls that were rewritten (``npu-port run`` reports them).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+import torch
+
+from .mapping import DeviceMapper
+
+Hit = Callable[[], None]
+
+
+def device_keywords(original: Callable, mapper: DeviceMapper, hit: Hit, keyword: str = "device", position: Optional[int] = None):
+    """A factory function (``torch.zeros``...) whose ``keyword`` (or argument ``position``) may name a CUDA device."""
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            value = kwargs.get(keyword)
+            if value is not None:
+                mapped = mapper.device(value)
+                if mapped is not value:
+                    kwargs[keyword] = mapped
+                    hit()
+        if position is not None and len(args) > position:
+            value = args[position]
+            mapped = mapper.device(value)
+            if mapped is not value:
+                args = args[:position] + (mapped,) + args[position + 1 :]
+                hit()
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
+def load(original: Callable, mapper: DeviceMapper, hit: Hit):
+    """``torch.load``: only ``map_location`` is looked at — never the file name — and CUDA storages land on the target."""
+
+    @functools.wraps(original)
+    def wrapper(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        mapped = mapper.map_location(map_location)
+        if mapped is not map_location:
+            hit()
+        return original(f, mapped, *args, **kwargs)
+
+    return wrapper
+
+
+def to(original: Callable, mapper: DeviceMapper, hit: Hit):
+    """``Tensor.to`` / ``Module.to``: the first positional argument or ``device=`` may be a CUDA device or ordinal."""
+
+    @functools.wraps(original)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            first = args[0]
+            kind = type(first)
+            if kind is str or kind is torch.device or kind is int:
+                mapped = mapper.device(first)
+                if mapped is not first:
+                    args = (mapped,) + args[1:]
+                    hit()
+        if kwargs:
+            value = kwargs.get("device")
+            if value is not None:
+                mapped = mapper.device(value)
+                if mapped is not value:
+                    kwargs["device"] = mapped
+                    hit()
+        return original(self, *args, **kwargs)
+
+    return wrapper
+
+
+def tensor_cuda(mapper: DeviceMapper, hit: Hit):
+    """``Tensor.cuda(device=None, non_blocking=False, memory_format=...)`` -> ``Tensor.to(<target>)``."""
+
+    def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False, memory_format=torch.preserve_format):
+        hit()
+        target = mapper.target if device is None else mapper.device(device)  # None: the current device, as CUDA
+        return self.to(target, non_blocking=non_blocking, memory_format=memory_format)
+
+    cuda.__doc__ = f"Tensor.cuda redirected by npu-port to {mapper.target}."
+    return cuda
+
+
+def module_cuda(mapper: DeviceMapper, hit: Hit):
+    """``Module.cuda(device=None)`` -> ``Module.to(<target>)``."""
+
+    def cuda(self: torch.nn.Module, device: Any = None) -> torch.nn.Module:
+        hit()
+        return self.to(mapper.target if device is None else mapper.device(device))
+
+    cuda.__doc__ = f"Module.cuda redirected by npu-port to {mapper.target}."
+    return cuda
+
+
+def init_with_device(
+    original: Callable, mapper: DeviceMapper, hit: Hit, parameter: str, *, cuda_default_dtype: bool = False, cuda_by_default: bool = False
+):
+    """``__init__`` of autocast / GradScaler: the device-type argument (first positional or ``parameter=``).
+
+    ``GradScaler()`` means CUDA when no device is given (``cuda_by_default``), so that case is mapped too.
+    CUDA autocast defaults to float16; when a CUDA autocast is redirected, that default is kept explicitly, so the
+    computation is the one the code asked for rather than the target's own default (bfloat16 on cpu).
+    """
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if args and type(args[0]) is str and args[0] == "cuda":
+            args = (mapper.target,) + args[1:]
+        elif kwargs.get(parameter) == "cuda" or (cuda_by_default and not args and parameter not in kwargs):
+            kwargs[parameter] = mapper.target
+        else:
+            return original(self, *args, **kwargs)
+        hit()
+        if cuda_default_dtype and len(args) < 2 and kwargs.get("dtype") is None:
+            kwargs["dtype"] = torch.float16
+        return original(self, *args, **kwargs)
+
+    return __init__
+
+
+class _GeneratorMeta(type):
+    """Keeps ``isinstance(g, torch.Generator)`` true for real generators while torch.Generator is the proxy."""
+
+    original: type
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, cls.original)
+
+    def __subclasscheck__(cls, subclass: type) -> bool:
+        return issubclass(subclass, cls.original)
+
+
+def generator_proxy(original: type, mapper: DeviceMapper, hit: Hit) -> type:
+    """``torch.Generator("cuda")`` makes a generator on the target; the objects made are real torch.Generators."""
+
+    class Generator(metaclass=_GeneratorMeta):
+        def __new__(cls, device: Any = "cpu"):
+            mapped = mapper.device(device)
+            if mapped is not device:
+                hit()
+            return original(mapped)
+
+    Generator.original = original
+    Generator.__doc__ = original.__doc__
+    Generator.__module__ = "torch"
+    return Generator
+
+
+def sdp_kernel(mapper: DeviceMapper, hit: Hit):
+    """``torch.backends.cuda.sdp_kernel(enable_flash=..., ...)`` -> ``torch.nn.attention.sdpa_kernel([...])``.
+
+    On a target that implements neither flash nor math SDPA backends requested, math is added: the result is the
+    same attention, where the CUDA-only selection would leave no kernel at all.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def redirected(enable_flash: bool = True, enable_math: bool = True, enable_mem_efficient: bool = True, enable_cudnn: bool = True):
+        hit()
+        chosen = [
+            backend
+            for backend, enabled in (
+                (SDPBackend.FLASH_ATTENTION, enable_flash),
+                (SDPBackend.EFFICIENT_ATTENTION, enable_mem_efficient),
+                (SDPBackend.MATH, enable_math),
+                (SDPBackend.CUDNN_ATTENTION, enable_cudnn),
+            )
+            if enabled
+        ]
+        if mapper.target == "cpu" and not {SDPBackend.FLASH_ATTENTION, SDPBackend.MATH} & set(chosen):
+            chosen.append(SDPBackend.MATH)
+        return sdpa_kernel(chosen)
+
+    redirected.__doc__ = "torch.backends.cuda.sdp_kernel redirected by npu-port to torch.nn.attention.sdpa_kernel."
+    return redirected
+
+
+def process_group_backend(original: Callable, mapper: DeviceMapper, hit: Hit, position: Optional[int]):
+    """``init_process_group`` / ``new_group``: ``nccl`` becomes the target's backend; ``device_id`` is mapped."""
+    from ...distributed import map_backend
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if position is not None and len(args) > position:
+            mapped = map_backend(args[position], mapper.target)
+            if mapped != args[position]:
+                args = args[:position] + (mapped,) + args[position + 1 :]
+                hit()
+        if kwargs.get("backend") is not None:
+            mapped = map_backend(kwargs["backend"], mapper.target)
+            if mapped != kwargs["backend"]:
+                kwargs["backend"] = mapped
+                hit()
+        device_id = kwargs.get("device_id")
+        if device_id is not None and mapper.target == "cpu":
+            kwargs["device_id"] = None  # gloo binds no device
+        elif device_id is not None:
+            kwargs["device_id"] = torch.device(mapper.device(device_id))
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
+def ddp_init(original: Callable, mapper: DeviceMapper, hit: Hit):
+    """``DistributedDataParallel(module, device_ids=[rank])``: a cpu module takes no device ids; npu keeps them."""
+
+    @functools.wraps(original)
+    def __init__(self: Any, module: Any, device_ids: Any = None, output_device: Any = None, *args: Any, **kwargs: Any):
+        if device_ids is not None or output_device is not None:
+            hit()
+            if mapper.target == "cpu":
+                device_ids, output_device = None, None
+            else:
+                device_ids = [mapper.device(d) for d in device_ids] if device_ids is not None else None
+                output_device = mapper.device(output_device) if output_device is not None else None
+        return original(self, module, device_ids, output_device, *args, **kwargs)
+
+    return __init__
