@@ -62,3 +62,27 @@ def test_chunked_memory_writes_results_with_the_machine(tmp_path):
     chunked = rows[("chunked", json.dumps({"max_bytes": 1 << 20}))]
     assert chunked["max_abs_diff_vs_sdpa"] < 1e-5 and "queries x" in chunked["plan"]
     assert all("error" not in r for r in report["rows"])
+
+
+def test_redirect_overhead_runs_both_loops_in_their_own_processes(tmp_path):
+    out = tmp_path / "redirect.json"
+    command = [
+        sys.executable,
+        str(BENCHMARKS / "redirect_overhead.py"),
+        "--rounds",
+        "1",
+        "--steps",
+        "3",
+        "--out",
+        str(out),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode in (0, 1), result.stderr  # 1 = over the target, which 3 steps cannot judge
+    report = json.loads(out.read_text())
+    assert set(report["median_seconds"]) == {"cpu-written", "cuda-written, redirected"}
+    assert report["same_final_loss"] is True
+    assert (
+        report["ratio"]
+        == report["median_seconds"]["cuda-written, redirected"] / report["median_seconds"]["cpu-written"]
+    )
+    assert report["machine"]["device"].startswith("cpu: ")

@@ -5,7 +5,15 @@ Detection is honest (:mod:`.detect`), the ``torch.cuda.*`` housekeeping calls ha
 options are validated before they are set (:mod:`.npu_options`). It knows nothing about attention.
 """
 
-from .detect import DEVICE_TYPES, ENV_VARIABLE, BackendStatus, available_device_types, backend_status, backends, get_device
+from .detect import (
+    DEVICE_TYPES,
+    ENV_VARIABLE,
+    BackendStatus,
+    available_device_types,
+    backend_status,
+    backends,
+    get_device,
+)
 from .helpers import (
     autocast_device_type,
     autocast_dtype,

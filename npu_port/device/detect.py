@@ -50,18 +50,24 @@ def _npu_status() -> BackendStatus:
     except Exception as exc:  # a driver that answers with an error: not usable, and say so
         return BackendStatus("npu", False, 0, Reason("device-error", f"torch.npu failed: {type(exc).__name__}: {exc}"))
     if count == 0:
-        return BackendStatus("npu", False, 0, Reason("no-device", "torch_npu imports but sees no NPU (driver / visibility)"))
+        return BackendStatus(
+            "npu", False, 0, Reason("no-device", "torch_npu imports but sees no NPU (driver / visibility)")
+        )
     return BackendStatus("npu", True, count)
 
 
 def _cuda_status() -> BackendStatus:
     if torch.version.cuda is None and torch.version.hip is None:
-        return BackendStatus("cuda", False, 0, Reason("not-built", f"this torch {torch.__version__} has no CUDA support"))
+        return BackendStatus(
+            "cuda", False, 0, Reason("not-built", f"this torch {torch.__version__} has no CUDA support")
+        )
     try:
         if _cuda_is_available():
             return BackendStatus("cuda", True, int(_cuda_device_count()))
     except Exception as exc:
-        return BackendStatus("cuda", False, 0, Reason("device-error", f"torch.cuda failed: {type(exc).__name__}: {exc}"))
+        return BackendStatus(
+            "cuda", False, 0, Reason("device-error", f"torch.cuda failed: {type(exc).__name__}: {exc}")
+        )
     return BackendStatus("cuda", False, 0, Reason("no-device", "torch has CUDA support but sees no GPU (driver?)"))
 
 
@@ -81,7 +87,9 @@ def _mps_status() -> BackendStatus:
             return BackendStatus("mps", True, 1)
     except Exception as exc:
         return BackendStatus("mps", False, 0, Reason("device-error", f"torch.mps failed: {type(exc).__name__}: {exc}"))
-    return BackendStatus("mps", False, 0, Reason("no-device", "no Apple GPU (torch.backends.mps.is_available() is False)"))
+    return BackendStatus(
+        "mps", False, 0, Reason("no-device", "no Apple GPU (torch.backends.mps.is_available() is False)")
+    )
 
 
 _PROBES = {"npu": _npu_status, "cuda": _cuda_status, "xpu": _xpu_status, "mps": _mps_status}
@@ -140,5 +148,7 @@ def get_device(device: DeviceLike = None) -> torch.device:
     if kind == "cpu":
         return torch.device("cpu")
     if index is not None and index >= status.count:
-        raise DeviceError(f"device {text!r} ({origin}) does not exist: this machine has {status.count} {kind} device(s)")
+        raise DeviceError(
+            f"device {text!r} ({origin}) does not exist: this machine has {status.count} {kind} device(s)"
+        )
     return torch.device(kind, index or 0)

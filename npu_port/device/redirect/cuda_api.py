@@ -63,7 +63,9 @@ LEGACY_TENSOR_TYPES = (
 class TimingEvent:
     """``torch.cuda.Event`` for a device without events: records the host clock after synchronising the target."""
 
-    def __init__(self, target: torch.device, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+    def __init__(
+        self, target: torch.device, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ):
         self._target = target
         self.enable_timing = enable_timing
         self._time: Optional[float] = None
@@ -138,11 +140,12 @@ def _stand_ins(target: torch.device) -> Dict[str, Callable[..., Any]]:
     def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
         torch.random.set_rng_state(new_state)
 
-    cpu_streams = getattr(torch, "cpu")
+    cpu_streams = torch.cpu
     return {
         "synchronize": synchronize,
         "empty_cache": lambda: helpers.empty_cache(target),
         "ipc_collect": nothing,
+        "init": nothing,
         "memory_allocated": lambda device=None: helpers.memory_allocated(target),
         "max_memory_allocated": lambda device=None: helpers.max_memory_allocated(target),
         "memory_reserved": lambda device=None: helpers.memory_allocated(target),

@@ -63,26 +63,52 @@ def _plan(state: _Installed) -> List[Tuple[Any, str, Any]]:
         if hasattr(torch, name):
             plan.append((torch, name, wrappers.device_keywords(getattr(torch, name), mapper, hit(f"torch.{name}"))))
     for name, position in (("set_default_device", 0), ("get_device_module", 0)):
-        plan.append((torch, name, wrappers.device_keywords(getattr(torch, name), mapper, hit(f"torch.{name}"), position=position)))
+        plan.append(
+            (
+                torch,
+                name,
+                wrappers.device_keywords(getattr(torch, name), mapper, hit(f"torch.{name}"), position=position),
+            )
+        )
     for owner in (torch, torch.serialization):
         plan.append((owner, "load", wrappers.load(torch.serialization.load, mapper, hit("torch.load"))))
     plan.append((torch, "Generator", wrappers.generator_proxy(torch.Generator, mapper, hit("torch.Generator"))))
 
     for name in TENSOR_FACTORY_METHODS:
-        plan.append((torch.Tensor, name, wrappers.device_keywords(getattr(torch.Tensor, name), mapper, hit(f"Tensor.{name}"))))
+        plan.append(
+            (torch.Tensor, name, wrappers.device_keywords(getattr(torch.Tensor, name), mapper, hit(f"Tensor.{name}")))
+        )
     plan.append((torch.Tensor, "to", wrappers.to(torch.Tensor.to, mapper, hit("Tensor.to"))))
     plan.append((torch.Tensor, "cuda", wrappers.tensor_cuda(mapper, hit("Tensor.cuda"))))
+    if state.target.type == "cpu":
+        plan.append((torch.Tensor, "pin_memory", wrappers.pin_memory_on_cpu(hit("Tensor.pin_memory"))))
     plan.append((torch.nn.Module, "to", wrappers.to(torch.nn.Module.to, mapper, hit("Module.to"))))
-    plan.append((torch.nn.Module, "to_empty", wrappers.device_keywords(torch.nn.Module.to_empty, mapper, hit("Module.to_empty"))))
+    plan.append(
+        (
+            torch.nn.Module,
+            "to_empty",
+            wrappers.device_keywords(torch.nn.Module.to_empty, mapper, hit("Module.to_empty")),
+        )
+    )
     plan.append((torch.nn.Module, "cuda", wrappers.module_cuda(mapper, hit("Module.cuda"))))
 
     autocast = torch.amp.autocast_mode.autocast
     plan.append(
-        (autocast, "__init__", wrappers.init_with_device(autocast.__init__, mapper, hit("autocast"), "device_type", cuda_default_dtype=True))
+        (
+            autocast,
+            "__init__",
+            wrappers.init_with_device(
+                autocast.__init__, mapper, hit("autocast"), "device_type", cuda_default_dtype=True
+            ),
+        )
     )
     scaler = torch.amp.grad_scaler.GradScaler
     plan.append(
-        (scaler, "__init__", wrappers.init_with_device(scaler.__init__, mapper, hit("GradScaler"), "device", cuda_by_default=True))
+        (
+            scaler,
+            "__init__",
+            wrappers.init_with_device(scaler.__init__, mapper, hit("GradScaler"), "device", cuda_by_default=True),
+        )
     )
     plan.append((torch.backends.cuda, "sdp_kernel", wrappers.sdp_kernel(mapper, hit("torch.backends.cuda.sdp_kernel"))))
 
@@ -98,8 +124,16 @@ def _plan(state: _Installed) -> List[Tuple[Any, str, Any]]:
         import torch.distributed.distributed_c10d as c10d
 
         for owner in (dist, c10d):
-            plan.append((owner, "init_process_group", wrappers.process_group_backend(c10d.init_process_group, mapper, hit("init_process_group"), 0)))
-            plan.append((owner, "new_group", wrappers.process_group_backend(c10d.new_group, mapper, hit("new_group"), None)))
+            plan.append(
+                (
+                    owner,
+                    "init_process_group",
+                    wrappers.process_group_backend(c10d.init_process_group, mapper, hit("init_process_group"), 0),
+                )
+            )
+            plan.append(
+                (owner, "new_group", wrappers.process_group_backend(c10d.new_group, mapper, hit("new_group"), None))
+            )
         ddp = torch.nn.parallel.DistributedDataParallel
         plan.append((ddp, "__init__", wrappers.ddp_init(ddp.__init__, mapper, hit("DistributedDataParallel"))))
     return plan
@@ -144,11 +178,12 @@ class CudaRedirect:
                 self._installs += 1
                 return self
             if _active is not None:
-                if (_active.target.type, _active.cuda_available) != (self.target.type, self.cuda_available):
+                active, wanted = _active, self
+                if (active.target.type, active.cuda_available) != (wanted.target.type, wanted.cuda_available):
                     raise RedirectError(
-                        f"a cuda redirect to {_active.target.type} (cuda_available={_active.cuda_available}) is already "
-                        f"installed; a nested redirect must use the same target and options, got {self.target.type} "
-                        f"(cuda_available={self.cuda_available})"
+                        f"a cuda redirect to {active.target.type} (cuda_available={active.cuda_available}) is already "
+                        f"installed; a nested redirect must use the same target and options, got {wanted.target.type} "
+                        f"(cuda_available={wanted.cuda_available})"
                     )
             else:
                 state = _Installed(self.target, self.cuda_available)

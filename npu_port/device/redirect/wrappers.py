@@ -17,7 +17,9 @@ from .mapping import DeviceMapper
 Hit = Callable[[], None]
 
 
-def device_keywords(original: Callable, mapper: DeviceMapper, hit: Hit, keyword: str = "device", position: Optional[int] = None):
+def device_keywords(
+    original: Callable, mapper: DeviceMapper, hit: Hit, keyword: str = "device", position: Optional[int] = None
+):
     """A factory function (``torch.zeros``...) whose ``keyword`` (or argument ``position``) may name a CUDA device."""
 
     @functools.wraps(original)
@@ -41,7 +43,7 @@ def device_keywords(original: Callable, mapper: DeviceMapper, hit: Hit, keyword:
 
 
 def load(original: Callable, mapper: DeviceMapper, hit: Hit):
-    """``torch.load``: only ``map_location`` is looked at — never the file name — and CUDA storages land on the target."""
+    """``torch.load``: only ``map_location`` is looked at, never the file name; CUDA storages land on the target."""
 
     @functools.wraps(original)
     def wrapper(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -90,6 +92,17 @@ def tensor_cuda(mapper: DeviceMapper, hit: Hit):
     return cuda
 
 
+def pin_memory_on_cpu(hit: Hit):
+    """``Tensor.pin_memory()`` with a cpu target: pinning only speeds host-to-device copies, and there are none."""
+
+    def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+        hit()
+        return self
+
+    pin_memory.__doc__ = pin_memory_on_cpu.__doc__
+    return pin_memory
+
+
 def module_cuda(mapper: DeviceMapper, hit: Hit):
     """``Module.cuda(device=None)`` -> ``Module.to(<target>)``."""
 
@@ -102,7 +115,13 @@ def module_cuda(mapper: DeviceMapper, hit: Hit):
 
 
 def init_with_device(
-    original: Callable, mapper: DeviceMapper, hit: Hit, parameter: str, *, cuda_default_dtype: bool = False, cuda_by_default: bool = False
+    original: Callable,
+    mapper: DeviceMapper,
+    hit: Hit,
+    parameter: str,
+    *,
+    cuda_default_dtype: bool = False,
+    cuda_by_default: bool = False,
 ):
     """``__init__`` of autocast / GradScaler: the device-type argument (first positional or ``parameter=``).
 
@@ -163,7 +182,12 @@ def sdp_kernel(mapper: DeviceMapper, hit: Hit):
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    def redirected(enable_flash: bool = True, enable_math: bool = True, enable_mem_efficient: bool = True, enable_cudnn: bool = True):
+    def redirected(
+        enable_flash: bool = True,
+        enable_math: bool = True,
+        enable_mem_efficient: bool = True,
+        enable_cudnn: bool = True,
+    ):
         hit()
         chosen = [
             backend
