@@ -180,10 +180,12 @@ def test_bad_numbers_and_dtypes_are_usage_errors(argv, message, capsys):
 
 def test_bad_device_and_budget_are_explained(capsys):
     assert main(["bench", "--device", "gpu0", "--shapes", TINY]) == 2
-    assert "npu-port: unknown device 'gpu0'; use cpu, cuda, npu, xpu or mps" in capsys.readouterr().err
+    assert "npu-port: unknown device 'gpu0' (argument); valid devices: auto, npu, cuda, xpu, mps, cpu" in (
+        capsys.readouterr().err
+    )
     if not torch.cuda.is_available():
         assert main(["bench", "--device", "cuda", "--shapes", TINY]) == 2
-        assert "device 'cuda' is not available here" in capsys.readouterr().err
+        assert "npu-port: device 'cuda' (argument) is not usable here: this torch " in capsys.readouterr().err
     assert main(["bench", "--memory-budget", "lots", "--shapes", TINY]) == 2
     assert "npu-port: --memory-budget: memory_budget must be a byte count or a size such as '512MiB'" in (
         capsys.readouterr().err

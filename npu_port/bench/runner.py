@@ -28,8 +28,8 @@ import torch
 from ..attn.call import AttentionCall
 from ..attn.kernels.base import Kernel
 from ..attn.registry import get_kernel
-from ..device import free_memory_bytes, synchronize
-from ..errors import KernelUnavailableError, NoKernelError, NpuPortError, StrategyError
+from ..device import free_memory_bytes, get_device, synchronize
+from ..errors import DeviceError, KernelUnavailableError, NoKernelError, NpuPortError, StrategyError
 from ..strategy.decision import bucket_key
 from ..strategy.measure import TOLERANCE, parity_slice
 from ..strategy.registry import get_strategy, list_strategies
@@ -67,37 +67,13 @@ class Settings:
 # ---- what to run ------------------------------------------------------------------------------------------------
 
 
-def default_device() -> torch.device:
-    """An NPU or CUDA GPU when torch sees one, else the CPU."""
-    npu = getattr(torch, "npu", None)
-    if npu is not None and npu.is_available():
-        return torch.device("npu")
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
 def resolve_device(text: Optional[str]) -> torch.device:
-    """``--device``: None picks :func:`default_device`; a device this machine lacks is an error saying so."""
-    if text is None:
-        return default_device()
+    """``--device``: None is :func:`npu_port.get_device` (``$NPU_PORT_DEVICE`` or the best usable device); a device
+    this machine cannot use is an error with the reason and the usable devices."""
     try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise BenchError(f"unknown device {text!r}; use cpu, cuda, npu, xpu or mps (optionally with :index)") from None
-    if device.type == "cpu":
-        return device
-    if device.type == "npu" and not hasattr(torch, "npu"):
-        from .._optional import probe
-
-        status = probe("torch_npu")
-        if not status.ok:
-            raise BenchError(f"device {text!r} needs torch_npu: {status.reason}")
-    module = getattr(torch, device.type, None)
-    is_available = getattr(module, "is_available", None)
-    if is_available is None or not is_available():
-        raise BenchError(f"device {text!r} is not available here (torch.{device.type}.is_available() is not True)")
-    return device
+        return get_device(text)
+    except DeviceError as exc:
+        raise BenchError(str(exc)) from None
 
 
 def resolve_dtype(text: str) -> torch.dtype:
