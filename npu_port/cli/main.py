@@ -19,11 +19,13 @@ EXIT_BROKEN_TORCH = 3
 
 
 #: Subcommand -> module in npu_port.cli with ``add_parser(commands)`` and ``run(args) -> int``. Modules import
-#: torch (and anything heavy) only inside ``run``, so ``--help`` and broken-torch diagnosis always work.
+#: torch (and anything heavy) only inside ``run``, so ``--help`` and broken-torch diagnosis always work. A module
+#: with ``NEEDS_TORCH = False`` (the doctor) runs even when ``import torch`` fails, and diagnoses that itself.
 COMMANDS = {
     "kernels": "kernels_cmd",
     "strategies": "strategies_cmd",
     "bench": "bench_cmd",
+    "doctor": "doctor_cmd",
 }
 
 
@@ -64,14 +66,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command is None:
         _parser().print_help()
         return EXIT_OK
-    problem = _torch_import_problem()
+    command = _command_module(args.command)
+    problem = _torch_import_problem() if getattr(command, "NEEDS_TORCH", True) else None
     if problem:
         print(problem, file=sys.stderr)
         return EXIT_BROKEN_TORCH
     from ..errors import NpuPortError
 
     try:
-        return _command_module(args.command).run(args)
+        return command.run(args)
     except NpuPortError as exc:
         print(f"npu-port: {exc}", file=sys.stderr)
         return EXIT_USAGE_OR_NPU_PORT_ERROR
