@@ -17,6 +17,7 @@ from .errors import (
     KernelRuntimeError,
     KernelUnavailableError,
     NoKernelError,
+    NpuOptionError,
     NpuPortError,
     StrategyError,
     StrategyFileError,
@@ -50,18 +51,22 @@ _LAZY: Dict[str, str] = {
     "load_strategy_file": "npu_port.strategy.registry",
     "register_strategy": "npu_port.strategy.registry",
     "unregister_strategy": "npu_port.strategy.registry",
+    "apply_npu_options": "npu_port.npu_setup",
+    "NpuOptionsReport": "npu_port.device.npu_options",
 }
 
 if TYPE_CHECKING:  # static analysers see the real objects
     from . import device, distributed
     from .attn import masks
-    from .device.detect import get_device
-    from .device.redirect import CudaRedirect, redirect_cuda
     from .attn.api import attention
     from .attn.call import AttentionCall
     from .attn.kernels.base import Kernel
     from .attn.registry import get_kernel, kernel_names, kernels, register_kernel
     from .attn.select import runnable_kernels
+    from .device.detect import get_device
+    from .device.npu_options import NpuOptionsReport
+    from .device.redirect import CudaRedirect, redirect_cuda
+    from .npu_setup import apply_npu_options
     from .strategy.api import StrategyHandle, attention_strategy, set_attention_strategy
     from .strategy.registry import (
         get_strategy,
@@ -116,10 +121,13 @@ __all__ = [
     "KernelRuntimeError",
     "KernelUnavailableError",
     "NoKernelError",
+    "NpuOptionError",
+    "NpuOptionsReport",
     "NpuPortError",
     "Reason",
     "UnknownKernelError",
     "__version__",
+    "apply_npu_options",
     "attention",
     "get_kernel",
     "kernel_names",

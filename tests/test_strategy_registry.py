@@ -139,6 +139,11 @@ def test_unknown_name_lists_every_strategy_and_where_yaml_was_searched():
             "kernel 'chunked' has no option 'max_byte'; valid options: max_bytes, query_block, key_block, upcast",
         ),
         ("description: x\nkernel: sdpa\nnpu:\n  jit: false\n", 4, "unknown npu setting 'jit'; valid settings: "),
+        (
+            "description: x\nkernel: sdpa\nacl_options:\n  ACL_PRECISON_MODE: must_keep_origin_dtype\n",
+            4,
+            "unknown ACL option 'ACL_PRECISON_MODE'; valid options: ACL_PRECISION_MODE, ",
+        ),
         ("description: x\nkernel: sdpa\ndescription: y\n", 3, "duplicate key 'description'"),
         ("kernel: sdpa\n", 1, "description is required (one line shown by npu-port strategies)"),
         ("description: x\nkernel: sdpa\nextends: nothere\n", 3, "unknown attention strategy 'nothere'"),

@@ -21,10 +21,7 @@ RECOMMENDED_ENV: Dict[str, Tuple[str, str]] = {
     "PYTORCH_NPU_ALLOC_CONF": ("expandable_segments:True", "expandable segments, less allocator fragmentation"),
 }
 #: How to set every recommendation at once: the profile that carries them, through the device layer's checker.
-APPLY_ALL = (
-    "import npu_port; from npu_port.device.npu_options import apply_npu_options; "
-    'apply_npu_options(npu_port.get_strategy("ascend-910b"))'
-)
+APPLY_ALL = 'import npu_port; npu_port.apply_npu_options("ascend-910b")'
 
 
 def check_npu_settings(facts: Facts) -> List[Finding]:

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
+from ..device.npu_options import ACL_OPTIONS, NPU_SETTINGS
 from ..errors import StrategyFileError
 from .spec import (
     DEVICES,
@@ -41,9 +42,8 @@ KEYS: Dict[str, str] = {
     "kernel_options": "per-kernel options, e.g. {chunked: {query_block: 512}}",
     "device": "profiles: the device to use: " + ", ".join(DEVICES),
     "acl_options": "profiles: torch_npu.npu.set_option keys (ACL_...), applied by the device layer",
-    "npu": "profiles: NPU runtime settings: " + ", ".join(["jit_compile", "allow_internal_format"]),
+    "npu": "profiles: NPU runtime settings: " + ", ".join(NPU_SETTINGS),
 }
-NPU_KEYS = ("jit_compile", "allow_internal_format")
 
 
 @dataclass
@@ -159,15 +159,13 @@ def _check(raw: RawStrategy) -> None:
         if not isinstance(opts, dict):
             _fail(raw, ("kernel_options", kernel), f"kernel_options.{kernel} must be a mapping of option: value")
     for key, value in _mapping(raw, "acl_options").items():
-        if not key.startswith("ACL_") and not key.isupper():
-            _fail(
-                raw, ("acl_options", key), f"acl_options keys are torch_npu.npu.set_option names (ACL_...), got {key!r}"
-            )
+        if key not in ACL_OPTIONS:  # torch_npu ignores unknown names silently; a typo here would do nothing
+            _fail(raw, ("acl_options", key), f"unknown ACL option {key!r}; valid options: {', '.join(ACL_OPTIONS)}")
         if not isinstance(value, (str, int, float, bool)):
             _fail(raw, ("acl_options", key), f"acl_options.{key} must be a string or number, got {value!r}")
     for key, value in _mapping(raw, "npu").items():
-        if key not in NPU_KEYS:
-            _fail(raw, ("npu", key), f"unknown npu setting {key!r}; valid settings: {', '.join(NPU_KEYS)}")
+        if key not in NPU_SETTINGS:
+            _fail(raw, ("npu", key), f"unknown npu setting {key!r}; valid settings: {', '.join(NPU_SETTINGS)}")
         if not isinstance(value, bool):
             _fail(raw, ("npu", key), f"npu.{key} must be true or false, got {value!r}")
 
