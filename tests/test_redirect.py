@@ -157,6 +157,7 @@ def test_is_available_stays_honest_unless_asked():
     assert "is_cuda" not in vars(torch.Tensor)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_torch_jit_script_keeps_working():
     def add_one(x: torch.Tensor) -> torch.Tensor:
         return x + 1
