@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import runpy
 import statistics
 import subprocess
 import sys
 import warnings
-from datetime import datetime, timezone
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -62,10 +60,7 @@ def main(argv=None) -> int:
         _child(args.child, args.steps)
         return 0
 
-    import torch
-
-    import npu_port
-    from npu_port.device import device_name
+    from npu_port.bench.results import machine_info
 
     runs = {variant: [] for variant in LOOPS}
     for round_index in range(args.rounds):
@@ -78,15 +73,7 @@ def main(argv=None) -> int:
     same_outputs = len(losses["cpu-written"] | losses["cuda-written, redirected"]) == 1
     result = {
         "benchmark": "redirect_overhead",
-        "machine": {
-            "device": device_name("cpu"),
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "npu_port": npu_port.__version__,
-        },
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info("cpu"),
         "rounds": args.rounds,
         "steps": args.steps,
         "median_seconds": medians,

@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING, Any, Dict
 from ._version import __version__
 from .errors import (
     AttentionInputError,
+    DeviceError,
     KernelOptionError,
     KernelRuntimeError,
     KernelUnavailableError,
     NoKernelError,
     NpuOptionError,
     NpuPortError,
+    RedirectError,
     StrategyError,
     StrategyFileError,
     UnknownKernelError,
@@ -116,6 +118,8 @@ __all__ = [
     "set_attention_strategy",
     "unregister_strategy",
     "AttentionInputError",
+    "DeviceError",
+    "RedirectError",
     "Kernel",
     "KernelOptionError",
     "KernelRuntimeError",

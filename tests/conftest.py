@@ -14,6 +14,7 @@ import sys
 import pytest
 from hypothesis import settings
 
+from npu_port import _optional
 from npu_port.attn.kernels.flash_attn import FlashAttnKernel
 from npu_port.attn.kernels.npu_fused_infer import NpuFusedInferKernel
 from npu_port.attn.kernels.npu_fusion import NpuFusionKernel
@@ -105,3 +106,12 @@ def _isolated_strategy_state(tmp_path_factory, monkeypatch):
     for handle in leaked:
         handle.restore()
     assert not leaked, f"test left strategies applied process-wide: {leaked}"
+
+
+@pytest.fixture
+def no_torch_npu(monkeypatch):
+    """Make torch_npu absent even on a machine that has it (a None entry blocks the import)."""
+    monkeypatch.setitem(sys.modules, "torch_npu", None)
+    _optional.forget("torch_npu")
+    yield
+    _optional.forget("torch_npu")

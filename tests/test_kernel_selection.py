@@ -21,15 +21,6 @@ from npu_port.errors import (
 from .conftest import emulated_torch_npu
 
 
-@pytest.fixture
-def no_torch_npu(monkeypatch):
-    """Make torch_npu absent even on a machine that has it (a None entry blocks the import)."""
-    monkeypatch.setitem(sys.modules, "torch_npu", None)
-    _optional.forget("torch_npu")
-    yield
-    _optional.forget("torch_npu")
-
-
 def test_forcing_an_npu_kernel_without_torch_npu_names_the_package_and_the_kernels_that_can_run(no_torch_npu):
     query = key = value = torch.randn(1, 2, 4, 8)
     with pytest.raises(KernelUnavailableError) as info:

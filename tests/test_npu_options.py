@@ -67,15 +67,6 @@ def recorder(install_recorder):
     return install_recorder()
 
 
-@pytest.fixture
-def no_npu(monkeypatch):
-    """torch_npu cannot be imported (``sys.modules[name] = None`` blocks the import), whatever is installed."""
-    monkeypatch.setitem(sys.modules, "torch_npu", None)
-    _optional.forget("torch_npu")
-    yield
-    _optional.forget("torch_npu")
-
-
 def env_action(key, value, previous=None, note=None):
     return Action("env", key, value, f"os.environ[{key!r}] = {value!r}", previous=previous, restorable=True, note=note)
 
@@ -228,7 +219,7 @@ def test_dry_run_true_sets_nothing_even_with_an_npu(recorder):
 # --- off NPU --------------------------------------------------------------------------------------------------------
 
 
-def test_off_npu_it_is_a_dry_run_that_sets_nothing_and_says_why(no_npu):
+def test_off_npu_it_is_a_dry_run_that_sets_nothing_and_says_why(no_torch_npu):
     reason = backend_status("npu").reason
     assert reason.code == "package-missing"
     os.environ["TASK_QUEUE_ENABLE"] = "1"
@@ -248,14 +239,14 @@ def test_off_npu_it_is_a_dry_run_that_sets_nothing_and_says_why(no_npu):
     assert dict(os.environ) == before
 
 
-def test_dry_run_false_off_npu_is_an_error_naming_the_reason(no_npu):
+def test_dry_run_false_off_npu_is_an_error_naming_the_reason(no_torch_npu):
     reason = backend_status("npu").reason
     with pytest.raises(NpuOptionError, match=re.escape(f"cannot apply NPU options: no usable NPU: {reason}")):
         npu_port.apply_npu_options("ascend-910b", dry_run=False)
     assert "TASK_QUEUE_ENABLE" not in os.environ
 
 
-def test_dry_run_must_be_none_or_a_bool(no_npu):
+def test_dry_run_must_be_none_or_a_bool(no_torch_npu):
     with pytest.raises(NpuOptionError, match=re.escape("dry_run must be None, True or False, got 'yes'")):
         npu_options.apply_npu_options({}, dry_run="yes")
 
@@ -410,7 +401,7 @@ def test_a_deprecated_acl_option_warns_once_and_is_still_applied(recorder):
     )
 
 
-def test_documented_pitfalls_warn(no_npu):
+def test_documented_pitfalls_warn(no_torch_npu):
     settings = {
         "acl_options": {"ACL_AICORE_NUM": 8},
         "env": {"ASCEND_LAUNCH_BLOCKING": 1, "HCCL_EXEC_TIMEOUT": "100"},
@@ -472,7 +463,7 @@ def test_facade_by_yaml_path_resolves_extends_and_the_override_wins(recorder, tm
     assert [a.key for a in report.actions] == [a.key for a in PROFILE_ACTIONS]
 
 
-def test_facade_keyword_sections_are_merged_over_the_source_key_by_key(no_npu):
+def test_facade_keyword_sections_are_merged_over_the_source_key_by_key(no_torch_npu):
     report = npu_port.apply_npu_options(
         "ascend-910b", env={"TASK_QUEUE_ENABLE": 1}, npu={"matmul_allow_hf32": True}, acl_options={}
     )
@@ -488,7 +479,7 @@ def test_facade_keyword_sections_are_merged_over_the_source_key_by_key(no_npu):
     assert [(a.key, a.value) for a in only_keywords.actions] == [("HCCL_BUFFSIZE", "400")]
 
 
-def test_facade_errors(no_npu):
+def test_facade_errors(no_torch_npu):
     with pytest.raises(NpuOptionError, match=re.escape(NOTHING_TO_APPLY)):
         npu_port.apply_npu_options()
     with pytest.raises(NpuOptionError, match=re.escape(NOTHING_TO_APPLY)):
@@ -499,7 +490,7 @@ def test_facade_errors(no_npu):
         npu_port.apply_npu_options("ascend-910b", env="X=1")
 
 
-def test_every_built_in_profile_passes_the_checks(no_npu):
+def test_every_built_in_profile_passes_the_checks(no_torch_npu):
     for name in npu_port.list_strategies("profile"):
         assert npu_port.apply_npu_options(name).dry_run is True
 
