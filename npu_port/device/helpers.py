@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .detect import DeviceLike, backend_status, get_device
+from .detect import DEVICE_TYPES, DeviceLike, backend_status, get_device
 from .memory import host_memory_bytes
 from .sync import synchronize as _synchronize_device
 
@@ -21,9 +21,21 @@ AUTOCAST_DTYPES = {"cuda": torch.float16, "npu": torch.float16, "xpu": torch.bfl
 
 
 def _device(device: DeviceLike) -> torch.device:
+    """``device`` checked the way :func:`get_device` checks it: an unusable device is a clear error, not torch's."""
     if isinstance(device, int):
-        return torch.device(get_device().type, device)
-    return get_device() if device is None else torch.device(device)
+        return get_device(f"{get_device().type}:{device}")
+    return get_device(device)
+
+
+def _device_type(device: DeviceLike) -> str:
+    """Only the type (no probing): what autocast questions need, also for a device this machine lacks."""
+    if isinstance(device, str):
+        kind = device.partition(":")[0].strip().lower()
+        if kind in DEVICE_TYPES:
+            return kind
+    if isinstance(device, torch.device):
+        return device.type
+    return _device(device).type
 
 
 def _backend(device: torch.device):
@@ -96,9 +108,9 @@ def device_count(device_type: Optional[str] = None) -> int:
 
 def autocast_device_type(device: DeviceLike = None) -> str:
     """The ``device_type`` to give ``torch.autocast`` for ``device`` (npu's is "npu" once torch_npu is loaded)."""
-    return _device(device).type
+    return _device_type(device)
 
 
 def autocast_dtype(device: DeviceLike = None) -> torch.dtype:
     """The dtype autocast uses by default on ``device`` when none is given."""
-    return AUTOCAST_DTYPES.get(_device(device).type, torch.bfloat16)
+    return AUTOCAST_DTYPES.get(_device_type(device), torch.bfloat16)
