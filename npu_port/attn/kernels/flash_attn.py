@@ -12,6 +12,7 @@ from typing import List
 import torch
 from torch import Tensor
 
+from ...device.detect import backend_status
 from ...reasons import Reason
 from ..call import AttentionCall
 from ..registry import register_kernel
@@ -31,7 +32,7 @@ class FlashAttnKernel(Kernel):
     supports_float_mask = False
 
     def device_reasons(self) -> List[Reason]:
-        if torch.cuda.is_available():
+        if backend_status("cuda").available:  # not torch.cuda.is_available(): transfer_to_npu makes it lie
             return []
         return [
             Reason(

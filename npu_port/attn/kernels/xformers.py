@@ -13,6 +13,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
+from ...device.detect import backend_status
 from ...errors import KernelRuntimeError
 from ...reasons import Reason
 from ..call import AttentionCall
@@ -48,7 +49,7 @@ class XformersKernel(Kernel):
     dtypes = (torch.float16, torch.bfloat16, torch.float32)
 
     def device_reasons(self) -> List[Reason]:
-        if torch.cuda.is_available():
+        if backend_status("cuda").available:  # not torch.cuda.is_available(): transfer_to_npu makes it lie
             return []
         return [
             Reason(
