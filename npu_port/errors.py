@@ -103,3 +103,7 @@ class NpuOptionError(NpuPortError, ValueError):
 
 class RedirectError(NpuPortError, RuntimeError):
     """The cuda -> device redirect was asked for something it cannot do safely (e.g. two different targets)."""
+
+
+class InferenceError(NpuPortError, ValueError):
+    """``npu-port infer`` / the demo was given something it cannot run (a missing model, a size out of range...)."""

@@ -26,6 +26,7 @@ COMMANDS = {
     "strategies": "strategies_cmd",
     "bench": "bench_cmd",
     "doctor": "doctor_cmd",
+    "infer": "infer_cmd",
 }
 
 

@@ -1,0 +1,163 @@
+"""Loading the pipeline to run: a built-in tiny one, a local directory, or a hub id — or one clear error line.
+
+The tiny pipelines are built from configs the first time, saved under the npu-port cache and then loaded with
+``from_pretrained`` like any downloaded model, so the main job exercises the normal loading path on a fresh machine
+with no network. Their weights are random. A hub id is loaded with the hub's offline mode respected
+(``HF_HUB_OFFLINE=1`` means local files only).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+import torch
+
+from ..errors import InferenceError
+from ..strategy.cache import cache_root
+
+
+def _build_text2image(directory: str) -> None:
+    from ..integrations.diffusers.tiny_text2image import build_tiny_text2image
+
+    build_tiny_text2image(directory)
+
+
+def _build_dit(directory: str) -> None:
+    from ..integrations.diffusers.tiny import tiny_dit_pipeline
+
+    tiny_dit_pipeline(save_dir=directory)
+
+
+#: Built-in models: name -> (builder, one-line description). Bump the version suffix when a builder changes.
+TINY_MODELS: Dict[str, tuple] = {
+    "tiny": (_build_text2image, "tiny Stable-Diffusion-style text-to-image pipeline (CLIP text encoder, UNet, VAE)"),
+    "tiny-dit": (_build_dit, "tiny class-conditional DiT pipeline (10 classes)"),
+}
+_TINY_VERSION = "v2"
+
+
+@dataclass
+class LoadedPipeline:
+    """A pipeline on its device, with what the report needs to say about it."""
+
+    pipe: Any
+    model: str  # as requested
+    source: str  # the directory it was loaded from, or the hub id
+    kind: str  # "text-to-image" or "class-conditional"
+    device: torch.device
+    dtype: torch.dtype
+    random_weights: bool
+
+    @property
+    def vae_scale_factor(self) -> int:
+        return int(getattr(self.pipe, "vae_scale_factor", 8))
+
+    @property
+    def native_size(self) -> Optional[int]:
+        """The one image size a class-conditional DiT produces (its config fixes it), else None."""
+        if self.kind != "class-conditional":
+            return None
+        return int(self.pipe.transformer.config.sample_size) * self.vae_scale_factor
+
+
+def tiny_model_dir(name: str, on_build: Optional[Callable[[str], None]] = None) -> Path:
+    """Where the built tiny model lives (built on first use; a partial build is never left behind)."""
+    builder, _ = TINY_MODELS[name]
+    target = cache_root() / "models" / f"{name}-{_TINY_VERSION}"
+    if (target / "model_index.json").is_file():
+        return target
+    if on_build is not None:
+        on_build(f"building the {name} model (random weights) in {target}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        builder(str(staging))
+        try:
+            staging.rename(target)
+        except OSError:  # another process built it meanwhile
+            if not (target / "model_index.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _looks_like_path(model: str) -> bool:
+    return model.startswith(("/", "./", "../", "~")) or os.sep in model.replace("/", "", 1) or model.endswith(os.sep)
+
+
+def _from_pretrained(source: str, model: str, local_files_only: bool, dtype: torch.dtype) -> Any:
+    from diffusers import DiffusionPipeline
+
+    try:
+        return DiffusionPipeline.from_pretrained(source, local_files_only=local_files_only, torch_dtype=dtype)
+    except Exception as exc:  # any loader failure becomes one line naming the model and the way out
+        first_line = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+        if os.path.isdir(source):
+            raise InferenceError(f"cannot load the pipeline in {source!r}: {first_line}") from None
+        mode = "offline (HF_HUB_OFFLINE=1): only locally cached files are used" if local_files_only else "online"
+        raise InferenceError(
+            f"model {model!r} is not a local directory and could not be loaded from the hub ({mode}): {first_line}. "
+            f"Give a diffusers pipeline directory, or one of the built-in models: {', '.join(TINY_MODELS)}"
+        ) from None
+
+
+def _kind(pipe: Any) -> str:
+    if getattr(pipe, "transformer", None) is not None and getattr(pipe, "text_encoder", None) is None:
+        return "class-conditional"
+    if getattr(pipe, "text_encoder", None) is None:
+        raise InferenceError(
+            f"{type(pipe).__name__} is neither a text-to-image pipeline (with a text encoder) nor a class-conditional "
+            "DiT; npu-port infer runs those two kinds"
+        )
+    return "text-to-image"
+
+
+def load_pipeline(
+    model: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    text_encoder_device: Optional[torch.device] = None,
+    progress_bar: bool = True,
+    on_build: Optional[Callable[[str], None]] = None,
+) -> LoadedPipeline:
+    """Load ``model`` (a built-in name, a directory or a hub id) onto ``device`` in ``dtype``.
+
+    ``text_encoder_device``: keep the text encoder there (in float32) instead, to save device memory; prompts are
+    then encoded there and only the embeddings move. ``on_build`` is told when a tiny model is built the first time.
+    """
+    random_weights = model in TINY_MODELS
+    if random_weights:
+        source = str(tiny_model_dir(model, on_build))
+        pipe = _from_pretrained(source, model, local_files_only=True, dtype=dtype)
+    else:
+        source = os.path.expanduser(model)
+        if not os.path.exists(source) and _looks_like_path(model):
+            raise InferenceError(
+                f"model directory {model!r} does not exist; give a diffusers pipeline directory (with "
+                f"model_index.json), a hub id, or one of the built-in models: {', '.join(TINY_MODELS)}"
+            )
+        if os.path.exists(source) and not os.path.isfile(os.path.join(source, "model_index.json")):
+            raise InferenceError(
+                f"{model!r} is not a diffusers pipeline directory (no model_index.json in it); save one with "
+                "pipe.save_pretrained(DIR)"
+            )
+        pipe = _from_pretrained(source, model, _offline() or os.path.isdir(source), dtype)
+    kind = _kind(pipe)
+    pipe.to(device)
+    if text_encoder_device is not None:
+        if kind != "text-to-image":
+            raise InferenceError(f"--text-encoder-device: {model!r} is class-conditional and has no text encoder")
+        pipe.text_encoder.to(device=text_encoder_device, dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=not progress_bar)
+    return LoadedPipeline(pipe, model, source, kind, device, dtype, random_weights)
