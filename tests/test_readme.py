@@ -21,7 +21,7 @@ def test_quick_start_has_exactly_two_one_line_commands_with_torch_pinned():
     for command in commands:
         assert "\n" not in command
         assert 'pip install "torch==2.13.0"' in command
-    assert commands[0].endswith("npu-port kernels")
+    assert commands[0].endswith("python scripts/inference_npu.py")
     assert commands[1].endswith("python -m pytest")
 
 

@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     attention.add_argument("--strategy", default=None, help="attention strategy (default auto; npu-port strategies)")
     attention.add_argument("--profile", default=None, help="a profile (name or YAML): its strategy and NPU options")
     attention.add_argument("--compare", default=None, metavar="S1,S2,...",
-                           help="run the same seed under each strategy and compare the images with the first")  # fmt: skip
+                           help="run the same seed under each strategy; compare the images with the first")  # fmt: skip
     attention.add_argument("--tolerance", type=float, default=None,
                            help="largest pixel difference (0..1) --compare accepts (default by dtype)")  # fmt: skip
     image = parser.add_argument_group("image")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
@@ -52,10 +53,12 @@ class LoadedPipeline:
     device: torch.device
     dtype: torch.dtype
     random_weights: bool
+    text_encoder_device: Optional[torch.device] = None  # set: prompts are encoded there, embeddings moved
 
     @property
     def vae_scale_factor(self) -> int:
-        return int(getattr(self.pipe, "vae_scale_factor", 8))
+        """How many pixels one latent covers per side (from the VAE's config; not every pipeline stores it)."""
+        return 2 ** (len(self.pipe.vae.config.block_out_channels) - 1)
 
     @property
     def native_size(self) -> Optional[int]:
@@ -99,7 +102,9 @@ def _from_pretrained(source: str, model: str, local_files_only: bool, dtype: tor
     from diffusers import DiffusionPipeline
 
     try:
-        return DiffusionPipeline.from_pretrained(source, local_files_only=local_files_only, torch_dtype=dtype)
+        with warnings.catch_warnings():  # diffusers >= 0.42 renamed torch_dtype to dtype; older ones know only this
+            warnings.filterwarnings("ignore", message="`torch_dtype` is deprecated", category=FutureWarning)
+            return DiffusionPipeline.from_pretrained(source, local_files_only=local_files_only, torch_dtype=dtype)
     except Exception as exc:  # any loader failure becomes one line naming the model and the way out
         first_line = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
         if os.path.isdir(source):
@@ -160,4 +165,4 @@ def load_pipeline(
             raise InferenceError(f"--text-encoder-device: {model!r} is class-conditional and has no text encoder")
         pipe.text_encoder.to(device=text_encoder_device, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=not progress_bar)
-    return LoadedPipeline(pipe, model, source, kind, device, dtype, random_weights)
+    return LoadedPipeline(pipe, model, source, kind, device, dtype, random_weights, text_encoder_device)

@@ -143,24 +143,18 @@ def _call_arguments(loaded: LoadedPipeline, request: GenerationRequest, generato
         arguments["class_labels"] = [request.class_label]
         return arguments
     arguments.update(height=request.height, width=request.width)
-    encoder_device = pipe.text_encoder.device
-    if encoder_device == loaded.device:
+    if loaded.text_encoder_device is None:
         arguments.update(prompt=request.prompt, negative_prompt=request.negative_prompt)
         return arguments
     # --text-encoder-device: encode where the encoder lives, move only the embeddings (as the TPU / NPU ports do)
     with torch.no_grad():
         positive, negative = pipe.encode_prompt(
-            request.prompt, encoder_device, 1, request.guidance_scale > 1, request.negative_prompt
+            request.prompt, loaded.text_encoder_device, 1, request.guidance_scale > 1, request.negative_prompt
         )
     arguments["prompt_embeds"] = positive.to(loaded.device, loaded.dtype)
     if negative is not None:
         arguments["negative_prompt_embeds"] = negative.to(loaded.device, loaded.dtype)
     return arguments
-
-
-def _generator(loaded: LoadedPipeline, seed: int) -> torch.Generator:
-    # Latents are drawn on the CPU so that a seed gives the same start on every device.
-    return torch.Generator("cpu").manual_seed(seed)
 
 
 def generate(loaded: LoadedPipeline, request: GenerationRequest) -> GenerationResult:
@@ -179,7 +173,8 @@ def generate(loaded: LoadedPipeline, request: GenerationRequest) -> GenerationRe
             devices.reset_peak_memory_stats(loaded.device)
         start = time.perf_counter()
         with _StepClock(pipe, loaded.device) as clock, torch.no_grad():
-            output = pipe(**_call_arguments(loaded, request, _generator(loaded, request.seed)))
+            generator = torch.Generator("cpu").manual_seed(request.seed)  # same start on every device
+            output = pipe(**_call_arguments(loaded, request, generator))
         devices.synchronize(loaded.device)
         end = time.perf_counter()
         explanation = handle.explain()
