@@ -123,8 +123,6 @@ def _step_line(result) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from ..device import device_name, get_device
     from ..infer import GenerationRequest, compare_strategies, generate, load_pipeline
 
@@ -197,7 +195,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"{device} ({device_name(device)}), {report['dtype']}, strategy {strategy} -> {result.strategy_resolved}")
     print(_step_line(result))
     print(f"image: {output}; report: {_report_path(args)}")
-    del torch
     return 0
 
 

@@ -157,15 +157,24 @@ def _call_arguments(loaded: LoadedPipeline, request: GenerationRequest, generato
     return arguments
 
 
+def _set_vae_switches(vae: Any, request: GenerationRequest) -> None:
+    if request.vae_slicing:
+        vae.enable_slicing()
+    else:
+        vae.disable_slicing()
+    if request.vae_tiling:
+        vae.enable_tiling()
+    else:
+        vae.disable_tiling()
+
+
 def generate(loaded: LoadedPipeline, request: GenerationRequest) -> GenerationResult:
     """Generate one image under ``request.strategy``; the strategy is restored afterwards, whatever happens."""
     import npu_port
 
     check_request(loaded, request)
     pipe = loaded.pipe
-    if loaded.kind == "text-to-image":
-        pipe.vae.enable_slicing() if request.vae_slicing else pipe.vae.disable_slicing()
-        pipe.vae.enable_tiling() if request.vae_tiling else pipe.vae.disable_tiling()
+    _set_vae_switches(pipe.vae, request)  # both ways: the pipeline is reused across requests (the demo)
     handle = npu_port.set_attention_strategy(request.strategy, target=pipe)
     try:
         devices.synchronize(loaded.device)
