@@ -182,3 +182,10 @@ def test_the_script_runs_on_a_fresh_cache(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "npu-port: building the tiny model (random weights)" in result.stderr
     assert (tmp_path / "img.png").is_file() and json.loads((tmp_path / "img.json").read_text())["image"] == "img.png"
+
+
+def test_the_cli_offers_the_dtypes_the_loader_knows():
+    from npu_port.cli import infer_cmd
+    from npu_port.infer import models
+
+    assert infer_cmd.DTYPES == models.DTYPES  # listed twice so that --help never imports torch

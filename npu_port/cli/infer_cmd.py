@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+#: Same as npu_port.infer.models.DTYPES (kept here so that --help never imports torch).
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
@@ -77,14 +78,6 @@ def _versions() -> Dict[str, Optional[str]]:
     return found
 
 
-def _dtype(text: str, device):
-    import torch
-
-    if text == "auto":
-        return torch.float32 if device.type == "cpu" else torch.float16
-    return getattr(torch, text)
-
-
 def _strategy_and_profile(args: argparse.Namespace):
     from ..errors import InferenceError
 
@@ -125,10 +118,11 @@ def _step_line(result) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..device import device_name, get_device
     from ..infer import GenerationRequest, compare_strategies, generate, load_pipeline
+    from ..infer.models import resolve_dtype
 
     strategy = _strategy_and_profile(args)
     device = get_device(args.device)
-    dtype = _dtype(args.dtype, device)
+    dtype = resolve_dtype(args.dtype, device)
     encoder_device = get_device(args.text_encoder_device) if args.text_encoder_device else None
     npu_options = None
     if args.profile:

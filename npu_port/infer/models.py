@@ -42,6 +42,19 @@ TINY_MODELS: Dict[str, tuple] = {
 _TINY_VERSION = "v2"
 
 
+#: ``--dtype`` choices of the script and the demo; "auto" is float32 on a CPU (where half precision is slow or
+#: emulated) and float16 on an accelerator.
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def resolve_dtype(text: str, device: torch.device) -> torch.dtype:
+    if text not in DTYPES:
+        raise InferenceError(f"unknown dtype {text!r}; valid dtypes: {', '.join(DTYPES)}")
+    if text == "auto":
+        return torch.float32 if device.type == "cpu" else torch.float16
+    return getattr(torch, text)
+
+
 @dataclass
 class LoadedPipeline:
     """A pipeline on its device, with what the report needs to say about it."""

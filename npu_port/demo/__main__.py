@@ -1,0 +1,116 @@
+"""Start the Gradio demo: ``python scripts/gradio_demo_npu.py`` or ``python -m npu_port.demo``.
+
+    python scripts/gradio_demo_npu.py                       # tiny model (random weights), http://127.0.0.1:7860
+    python scripts/gradio_demo_npu.py --model ./sd-pipeline --dtype float16 --strategy sdpa
+    python scripts/gradio_demo_npu.py --host 0.0.0.0 --port 0 --max-side 1024 --max-steps 50
+
+The model is loaded once, at start. Requests go through a queue with one slot: users wait in turn and never run the
+model in parallel on the one device. Exit code 2 with one line for bad input (gradio missing, an unknown strategy,
+a model that cannot be loaded, a port in use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from typing import Any, List, Optional
+
+from ..infer.run import MAX_SIDE, MAX_STEPS
+
+PROG = "gradio_demo_npu"
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    from ..infer.models import DTYPES
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="A local web demo of a diffusers pipeline on this machine's device: pick an attention strategy, "
+        "generate (time per step, resolved strategy, peak memory), compare strategies side by side. The model is "
+        "loaded once; requests queue and run one at a time.",
+    )
+    parser.add_argument(
+        "--model", default="tiny", help="'tiny' (default), 'tiny-dit', a pipeline directory or a hub id"
+    )
+    parser.add_argument("--device", default=None, help="npu, cuda, xpu, mps or cpu (default: the best usable device)")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: float32 on cpu, float16 elsewhere")
+    parser.add_argument("--strategy", default="auto", help="the strategy selected at start (default: auto)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: all)")
+    parser.add_argument("--port", type=int, default=7860, help="port (default 7860; 0: any free port)")
+    parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
+    parser.add_argument("--max-side", type=int, default=MAX_SIDE, help=f"largest height/width (default {MAX_SIDE})")
+    parser.add_argument("--max-steps", type=int, default=MAX_STEPS, help=f"most steps (default {MAX_STEPS})")
+    return parser.parse_args(argv)
+
+
+def free_port(host: str) -> int:
+    """A port nobody listens on now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host if host not in ("", "0.0.0.0") else "127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def prepare(args: argparse.Namespace) -> Any:
+    """Load the model once and build the queued demo (not launched)."""
+    from ..device import device_name, get_device
+    from ..infer import load_pipeline
+    from ..infer.models import resolve_dtype
+    from .app import build_demo, check_strategy, strategy_choices
+
+    choices = strategy_choices()
+    check_strategy(args.strategy, choices)  # before the (possibly long) model load
+    device = get_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    print(
+        f"{PROG}: loading {args.model!r} on {device} ({device_name(device)}), {str(dtype).replace('torch.', '')}",
+        flush=True,
+    )
+    loaded = load_pipeline(
+        args.model,
+        device,
+        dtype,
+        progress_bar=False,
+        on_build=lambda message: print(f"{PROG}: {message}", file=sys.stderr, flush=True),
+    )
+    demo = build_demo(loaded, max_side=args.max_side, max_steps=args.max_steps, strategy=args.strategy, choices=choices)
+    demo.queue(default_concurrency_limit=1)  # concurrent users wait; the model never runs twice at once
+    return demo
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from ..errors import NpuPortError
+    from .app import require_gradio
+
+    args = parse_args(argv)
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no usage reports from a lab machine by default
+    try:
+        require_gradio()  # fail before loading the model
+        demo = prepare(args)
+    except NpuPortError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    port = args.port or free_port(args.host)
+    try:
+        _, local_url, share_url = demo.launch(
+            server_name=args.host, server_port=port, share=args.share, prevent_thread_lock=True, quiet=True
+        )
+    except OSError as exc:
+        print(f"{PROG}: cannot listen on {args.host}:{port}: {exc} (try --port 0 for any free port)", file=sys.stderr)
+        return 2
+    print(f"{PROG}: running on {local_url}", flush=True)
+    if share_url:
+        print(f"{PROG}: public link {share_url}", flush=True)
+    print(f"{PROG}: press Ctrl+C to stop", flush=True)
+    try:
+        demo.block_thread()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        demo.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
