@@ -1,0 +1,223 @@
+"""An import hook that serves npu-port's stand-in for a package when the real one is missing or broken.
+
+A CUDA project's ``import flash_attn`` or ``import alt_cuda_corr`` fails on an NPU or a CPU. Registered here, the
+name resolves through a ``sys.meta_path`` finder to a module with a proper ``ModuleSpec`` (so
+``importlib.util.find_spec`` answers), and — for drop-ins of distributions — package metadata (so
+``importlib.metadata.version("flash-attn")`` and the availability checks of diffusers and transformers work).
+
+When each one is used (``mode``):
+
+- ``"missing"`` — only when no real package can be found (drop-ins: a real, installed flash_attn always wins);
+- ``"broken"`` — also when the real module is found but fails to load (a compiled extension built for another
+  torch or CUDA: the failure is logged and the fallback is served instead);
+- ``"always"`` — even when a real one works (the user forces the stand-in).
+
+Everything is undone by :func:`uninstall`: the finder leaves ``sys.meta_path`` and the modules it created leave
+``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import logging
+import sys
+import threading
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Dict, Iterable, List, Optional
+
+logger = logging.getLogger("npu_port.shims")
+
+MODES = ("missing", "broken", "always")
+
+
+@dataclass
+class Replacement:
+    """``name`` (a top-level module) served by the modules in ``modules`` ({full name: npu-port module path})."""
+
+    name: str
+    modules: Dict[str, str]
+    mode: str = "missing"
+    distribution: Optional[str] = None  # package metadata to present, e.g. "flash-attn"
+    version: Optional[str] = None
+    served: List[str] = field(default_factory=list)  # full names actually served, for the run summary
+    reason: Optional[str] = None  # why the stand-in is in use ("not installed", the real import's error)
+
+
+_lock = threading.RLock()
+_registry: Dict[str, Replacement] = {}
+
+
+class _StandInLoader(importlib.abc.Loader):
+    """Creates ``fullname`` as a fresh module and fills it from the npu-port module that implements it."""
+
+    def __init__(self, replacement: Replacement, fullname: str):
+        self.replacement = replacement
+        self.fullname = fullname
+
+    def create_module(self, spec):
+        return None  # the default: a fresh module named spec.name
+
+    def exec_module(self, module: ModuleType) -> None:
+        implementation = importlib.import_module(self.replacement.modules[self.fullname])
+        public = {k: v for k, v in vars(implementation).items() if not (k.startswith("__") and k.endswith("__"))}
+        module.__dict__.update(public)
+        module.__doc__ = implementation.__doc__
+        module.__npu_port_stand_in__ = self.replacement.modules[self.fullname]
+        self.replacement.served.append(self.fullname)
+
+
+class _RealOrFallbackLoader(importlib.abc.Loader):
+    """Loads the real module; if that raises, logs why and serves the stand-in in its place (mode "broken")."""
+
+    def __init__(self, replacement: Replacement, fullname: str, real_spec):
+        self.replacement = replacement
+        self.fullname = fullname
+        self.real_spec = real_spec
+        self.failed: Optional[BaseException] = None
+
+    def create_module(self, spec):
+        real_loader = self.real_spec.loader
+        try:
+            return real_loader.create_module(self.real_spec) if hasattr(real_loader, "create_module") else None
+        except Exception as exc:  # a compiled extension that cannot load (undefined symbol, missing libcudart...)
+            self.failed = exc
+            return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        if self.failed is None:
+            try:
+                self.real_spec.loader.exec_module(module)
+                return
+            except Exception as exc:
+                self.failed = exc
+        detail = f"{type(self.failed).__name__}: {self.failed}".strip().splitlines()[0]
+        self.replacement.reason = f"the real module failed to load ({detail})"
+        logger.warning("npu-port: %s failed to load (%s); using npu-port's fallback", self.fullname, detail)
+        _StandInLoader(self.replacement, self.fullname).exec_module(module)
+
+
+def _real_spec(fullname: str, path, target) -> Optional[importlib.machinery.ModuleSpec]:
+    """The spec the rest of ``sys.meta_path`` would give (the real package), or None."""
+    for finder in sys.meta_path:
+        if isinstance(finder, StandInFinder) or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            spec = finder.find_spec(fullname, path, target)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None:
+            return spec
+    return None
+
+
+class _Metadata(importlib.metadata.Distribution):
+    """Package metadata for a served drop-in: name and version, as ``importlib.metadata`` reads them."""
+
+    def __init__(self, replacement: Replacement):
+        self.replacement = replacement
+
+    def read_text(self, filename: str) -> Optional[str]:
+        if filename == "METADATA":
+            return (
+                f"Metadata-Version: 2.1\nName: {self.replacement.distribution}\nVersion: {self.replacement.version}\n"
+                f"Summary: npu-port stand-in for {self.replacement.distribution}\n"
+            )
+        if filename == "top_level.txt":
+            return f"{self.replacement.name}\n"
+        return None
+
+    def locate_file(self, path):
+        return path
+
+
+class StandInFinder(importlib.abc.MetaPathFinder):
+    """The one ``sys.meta_path`` entry that serves every registered replacement."""
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        replacement = _registry.get(fullname.partition(".")[0])
+        if replacement is None or fullname not in replacement.modules:
+            return None
+        is_package = any(name.startswith(fullname + ".") for name in replacement.modules)
+        if replacement.mode != "always":
+            real = _real_spec(fullname, path, target)
+            if real is not None:
+                if replacement.mode == "missing":
+                    return None  # a real package is there: it wins
+                loader = _RealOrFallbackLoader(replacement, fullname, real)
+                spec = importlib.machinery.ModuleSpec(fullname, loader, origin=real.origin, is_package=is_package)
+                spec.has_location = real.has_location
+                if is_package:
+                    spec.submodule_search_locations = list(real.submodule_search_locations or [])
+                return spec
+            replacement.reason = replacement.reason or "not installed"
+        origin = f"npu-port stand-in ({replacement.modules[fullname]})"
+        spec = importlib.machinery.ModuleSpec(
+            fullname, _StandInLoader(replacement, fullname), origin=origin, is_package=is_package
+        )
+        if is_package:
+            spec.submodule_search_locations = []
+        return spec
+
+    def find_distributions(self, context=None) -> Iterable:
+        wanted = context.name if context is not None else None
+        for replacement in list(_registry.values()):
+            if replacement.distribution is None or not self._presented(replacement):
+                continue
+            names = {replacement.distribution, replacement.distribution.replace("-", "_"), replacement.name}
+            if wanted is None or _normalise(wanted) in {_normalise(n) for n in names}:
+                yield _Metadata(replacement)
+
+    @staticmethod
+    def _presented(replacement: Replacement) -> bool:
+        """Metadata is shown only where the stand-in is what ``import`` gives (no real distribution to shadow)."""
+        if replacement.mode == "always":
+            return True
+        return _real_spec(replacement.name, None, None) is None
+
+
+def _normalise(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+_finder = StandInFinder()
+
+
+def register(replacement: Replacement) -> Replacement:
+    """Serve ``replacement`` from now on (installs the finder on first use); replaces an earlier registration."""
+    if replacement.mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {replacement.mode!r}")
+    if replacement.name not in replacement.modules:
+        raise ValueError(f"modules must include the top-level module {replacement.name!r}")
+    with _lock:
+        _registry[replacement.name] = replacement
+        if _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)
+        importlib.invalidate_caches()
+    return replacement
+
+
+def unregister(name: str) -> None:
+    """Stop serving ``name`` and drop the modules the stand-in created (the real package imports afresh after)."""
+    with _lock:
+        replacement = _registry.pop(name, None)
+        if replacement is not None:
+            for fullname in list(sys.modules):
+                module = sys.modules[fullname]
+                if fullname.partition(".")[0] == name and getattr(module, "__npu_port_stand_in__", None):
+                    del sys.modules[fullname]
+        if not _registry and _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
+
+
+def uninstall() -> None:
+    """Undo every registration."""
+    for name in list(_registry):
+        unregister(name)
+
+
+def registered() -> Dict[str, Replacement]:
+    return dict(_registry)
