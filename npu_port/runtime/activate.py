@@ -1,0 +1,139 @@
+"""``npu_port.activate(...)``: make a CUDA project run here, unchanged — what ``npu-port run`` does first.
+
+In order: the profile's Ascend options (a dry run off an NPU), the cuda -> device redirect, the flash_attn / xformers
+drop-ins (a real, working package wins unless forced), the compiled-extension fallbacks (RAFT's ``alt_cuda_corr``),
+the process-wide attention strategy (what the drop-ins and patched legacy attention call), diffusers'
+``enable_xformers_memory_efficient_attention`` hook, and the legacy-attention patch for classes in the user's own
+modules as they are imported. :meth:`Activation.deactivate` undoes all of it in reverse order;
+:meth:`Activation.summary` says what was installed and how often each piece was used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+logger = logging.getLogger("npu_port.run")
+
+
+@dataclass
+class Activation:
+    """Everything :func:`activate` installed, and how to take it back."""
+
+    device: Any
+    strategy: Any  # the StrategyHandle
+    redirect: Any
+    npu_options: Optional[Any] = None
+    dropins: List[str] = field(default_factory=list)
+    fallbacks: List[str] = field(default_factory=list)
+    legacy_classes: List[str] = field(default_factory=list)
+    _undo: List[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def summary(self) -> Dict[str, Any]:
+        """Device, strategy, and for every piece what was patched and how often it was hit (JSON-ready)."""
+        from ..shims.finder import registered
+
+        served = {name: list(r.served) for name, r in registered().items() if r.served}
+        reasons = {name: r.reason for name, r in registered().items() if r.served and r.reason}
+        return {
+            "device": str(self.device),
+            "strategy": {"requested": self.strategy.strategy.name, "resolved": self.strategy.name},
+            "attention_calls": dict(self.strategy.calls),
+            "redirect": {"target": str(self.redirect.target), "hits": self.redirect.hits()},
+            "drop_ins": {
+                "installed": list(self.dropins),
+                "served": {k: v for k, v in served.items() if k in self.dropins},
+            },
+            "fallbacks": {
+                "installed": list(self.fallbacks),
+                "served": {k: v for k, v in served.items() if k in self.fallbacks},
+                "why": {k: v for k, v in reasons.items() if k in self.fallbacks},
+            },
+            "legacy_attention_classes": list(self.legacy_classes),
+            "npu_options": self.npu_options.as_dict() if self.npu_options is not None else None,
+        }
+
+    def format_summary(self) -> str:
+        data = self.summary()
+        hits = ", ".join(f"{k} x{v}" for k, v in sorted(data["redirect"]["hits"].items())) or "none"
+        calls = ", ".join(f"{k} x{v}" for k, v in sorted(data["attention_calls"].items())) or "none"
+        served = [*data["drop_ins"]["served"], *data["fallbacks"]["served"]]
+        lines = [
+            f"npu-port run: device {data['device']}; attention strategy {data['strategy']['requested']} "
+            f"-> {data['strategy']['resolved']} ({calls})",
+            f"  cuda redirect hits: {hits}",
+            f"  stand-ins served: {', '.join(served) or 'none'}",
+            f"  legacy attention classes routed: {', '.join(data['legacy_attention_classes']) or 'none'}",
+        ]
+        if data["npu_options"] is not None:
+            mode = "dry run" if data["npu_options"]["dry_run"] else "applied"
+            lines.append(f"  Ascend options ({mode}): {len(data['npu_options']['actions'])} settings")
+        return "\n".join(lines)
+
+    def deactivate(self) -> None:
+        """Undo everything, last installed first; safe to call twice."""
+        while self._undo:
+            self._undo.pop()()
+
+
+def activate(
+    device: Any = None,
+    strategy: Optional[str] = None,
+    profile: Optional[str] = None,
+    *,
+    watch: Sequence[str] = (),
+    force_dropins: bool = False,
+    cuda_available: bool = False,
+) -> Activation:
+    """Install everything that lets a CUDA-written project run on ``device`` (default: the detected one).
+
+    ``strategy`` (default ``auto``) or ``profile`` (its strategy and its Ascend options); ``watch``: directories
+    whose modules get their legacy attention classes routed as they are imported (``npu-port run`` passes the
+    script's directory). A failure half-way undoes what was already installed.
+    """
+    import npu_port
+
+    from ..errors import NpuPortError
+    from ..integrations.legacy_attention import hook_enable_xformers, is_legacy_attention_class, patch_legacy_attention
+    from ..shims.dropins import install_dropins, uninstall_dropins
+    from ..shims.fallbacks import install_builtin_fallbacks, uninstall_builtin_fallbacks
+    from .watch_imports import ImportWatcher
+
+    if strategy and profile:
+        raise NpuPortError("give a strategy or a profile, not both (a profile names its own strategy)")
+    undo: List[Callable[[], None]] = []
+    try:
+        options = npu_port.apply_npu_options(profile) if profile else None
+        if options is not None:
+            undo.append(options.restore)
+        redirect = npu_port.redirect_cuda(device, cuda_available=cuda_available).install()
+        undo.append(redirect.uninstall)
+        dropins = install_dropins(force=force_dropins)
+        undo.append(uninstall_dropins)
+        fallbacks = install_builtin_fallbacks()
+        undo.append(uninstall_builtin_fallbacks)
+        handle = npu_port.set_attention_strategy(profile or strategy or "auto")
+        undo.append(handle.restore)
+        unhook = hook_enable_xformers()
+        undo.append(unhook)
+        activation = Activation(redirect.target, handle, redirect, options, list(dropins), list(fallbacks))
+
+        def route_legacy(module: ModuleType) -> None:
+            for value in list(vars(module).values()):
+                if isinstance(value, type) and value.__module__ == module.__name__ and is_legacy_attention_class(value):
+                    patch = patch_legacy_attention(value)
+                    undo.append(patch.restore)
+                    activation.legacy_classes.append(f"{module.__name__}.{value.__qualname__}")
+
+        if watch:
+            watcher = ImportWatcher([os.path.abspath(path) for path in watch], route_legacy).install()
+            undo.append(watcher.uninstall)
+    except BaseException:
+        while undo:
+            undo.pop()()
+        raise
+    activation._undo = undo
+    return activation
