@@ -40,6 +40,11 @@ _LAZY: Dict[str, str] = {
     "runnable_kernels": "npu_port.attn.select",
     "masks": "npu_port.attn.masks",
     "get_device": "npu_port.device.detect",
+    "activate": "npu_port.runtime.activate",
+    "patch_legacy_attention": "npu_port.integrations.legacy_attention",
+    "register_fallback": "npu_port.shims.fallbacks",
+    "unregister_fallback": "npu_port.shims.fallbacks",
+    "Activation": "npu_port.runtime.activate",
     "redirect_cuda": "npu_port.device.redirect",
     "CudaRedirect": "npu_port.device.redirect",
     "device": "npu_port.device",
@@ -68,7 +73,10 @@ if TYPE_CHECKING:  # static analysers see the real objects
     from .device.detect import get_device
     from .device.npu_options import NpuOptionsReport
     from .device.redirect import CudaRedirect, redirect_cuda
+    from .integrations.legacy_attention import patch_legacy_attention
     from .npu_setup import apply_npu_options
+    from .runtime.activate import Activation, activate
+    from .shims.fallbacks import register_fallback, unregister_fallback
     from .strategy.api import StrategyHandle, attention_strategy, set_attention_strategy
     from .strategy.registry import (
         get_strategy,
@@ -99,6 +107,11 @@ def __dir__():
 
 
 __all__ = [
+    "Activation",
+    "activate",
+    "patch_legacy_attention",
+    "register_fallback",
+    "unregister_fallback",
     "CudaRedirect",
     "device",
     "distributed",

@@ -107,3 +107,13 @@ class RedirectError(NpuPortError, RuntimeError):
 
 class InferenceError(NpuPortError, ValueError):
     """``npu-port infer`` / the demo was given something it cannot run (a missing model, a size out of range...)."""
+
+
+class DropInError(NpuPortError, NotImplementedError):
+    """A flash_attn / xformers drop-in was asked for something it cannot compute faithfully (ALiBi, softcap, the
+    softmax statistics, a paged KV cache...); the message says what and what to use instead."""
+
+
+class FallbackError(NpuPortError, ValueError):
+    """A compiled-extension fallback was registered with a bad module name, replacement or mode, or a fallback op
+    (``alt_cuda_corr.forward``...) was called with arguments the CUDA op it stands in for does not take."""

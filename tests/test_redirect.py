@@ -430,3 +430,16 @@ def test_public_names():
     assert npu_port.redirect_cuda is redirect_cuda
     assert npu_port.get_device() == torch.device("cpu")
     assert npu_port.distributed.default_backend() == "gloo"
+
+
+def test_meta_device_contexts_still_see_factory_calls():
+    """transformers builds models under ``with torch.device("meta")``, which finds factory calls by identity in a
+    cached set; the redirect must not let that cache fill with its wrappers (loaded models got garbage buffers)."""
+    from torch.utils._device import _device_constructors
+
+    _device_constructors.cache_clear()
+    with redirect_cuda("cpu"):
+        with torch.device("meta"):
+            made = [torch.arange(3), torch.tensor([1.0]), torch.zeros(2), torch.empty(1)]
+    assert [t.device.type for t in made] == ["meta"] * 4
+    assert torch.arange in _device_constructors() and torch.tensor in _device_constructors()

@@ -373,3 +373,11 @@ def test_custom_processor_needs_a_target_and_a_class():
         npu_port.set_attention_strategy("custom-processor")
     with pytest.raises(StrategyError, match="custom-processor needs the processor class"):
         npu_port.set_attention_strategy("custom-processor", target=torch.nn.Linear(1, 1))
+
+
+def test_a_variable_set_between_two_applications_survives_the_second_restore(monkeypatch):
+    monkeypatch.delenv("DIFFUSERS_ATTN_BACKEND", raising=False)
+    npu_port.set_attention_strategy("vanilla").restore()
+    monkeypatch.setenv("DIFFUSERS_ATTN_BACKEND", "native")
+    npu_port.set_attention_strategy("vanilla").restore()
+    assert os.environ["DIFFUSERS_ATTN_BACKEND"] == "native"

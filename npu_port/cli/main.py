@@ -27,6 +27,7 @@ COMMANDS = {
     "bench": "bench_cmd",
     "doctor": "doctor_cmd",
     "infer": "infer_cmd",
+    "run": "run_cmd",
 }
 
 

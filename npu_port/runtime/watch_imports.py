@@ -37,6 +37,9 @@ class _CallbackLoader(importlib.abc.Loader):
 class ImportWatcher(importlib.abc.MetaPathFinder):
     """A ``sys.meta_path`` entry that asks the others for the spec and wraps loaders of watched files."""
 
+    #: Finders that ask the rest of sys.meta_path skip each other (npu_port.shims.finder does): no recursion.
+    delegates_to_meta_path = True
+
     def __init__(self, roots: Sequence[str], callback: Callable[[ModuleType], None]):
         self.roots = [os.path.realpath(root) + os.sep for root in roots]
         self.callback = callback

@@ -103,8 +103,8 @@ class _RealOrFallbackLoader(importlib.abc.Loader):
 def _real_spec(fullname: str, path, target) -> Optional[importlib.machinery.ModuleSpec]:
     """The spec the rest of ``sys.meta_path`` would give (the real package), or None."""
     for finder in sys.meta_path:
-        if isinstance(finder, StandInFinder) or not hasattr(finder, "find_spec"):
-            continue
+        if getattr(finder, "delegates_to_meta_path", False) or not hasattr(finder, "find_spec"):
+            continue  # this finder, and others that ask the rest of sys.meta_path themselves (no recursion)
         try:
             spec = finder.find_spec(fullname, path, target)
         except (ImportError, ValueError):
@@ -136,6 +136,8 @@ class _Metadata(importlib.metadata.Distribution):
 
 class StandInFinder(importlib.abc.MetaPathFinder):
     """The one ``sys.meta_path`` entry that serves every registered replacement."""
+
+    delegates_to_meta_path = True
 
     def find_spec(self, fullname: str, path=None, target=None):
         replacement = _registry.get(fullname.partition(".")[0])

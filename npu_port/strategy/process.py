@@ -93,6 +93,9 @@ class ProcessState:
         if handle in self.active:
             self.active.remove(handle)
             self._sync()
+            if not self.active:  # everything is back: forget the originals, so the next apply reads them afresh
+                self.original_env.clear()
+                self.original_backend = _UNSET
 
     def _sync(self) -> List[str]:
         notes: List[str] = []

@@ -139,6 +139,22 @@ def _plan(state: _Installed) -> List[Tuple[Any, str, Any]]:
     return plan
 
 
+def _cache_device_constructors() -> None:
+    """Fill torch's cached set of factory functions with the originals before any is wrapped.
+
+    ``with torch.device("meta"):`` (how transformers and accelerate build models before loading weights) recognises
+    factory calls by identity against ``torch.utils._device._device_constructors()``, an ``lru_cache``. Filled while
+    our wrappers are in place, it would hold the wrappers, and every factory call inside such a context would be
+    created on the default device instead — uninitialised buffers in loaded models. torch_npu's transfer_to_npu
+    does the same at import.
+    """
+    try:
+        from torch.utils._device import _device_constructors
+    except ImportError:  # an older or newer torch without it: nothing to protect
+        return
+    _device_constructors()
+
+
 def _counted(function: Any, hit: Any) -> Any:
     """Count calls of a ``torch.cuda`` replacement; classes (Stream, legacy tensor types) are kept as they are."""
     if isinstance(function, type):
@@ -186,6 +202,7 @@ class CudaRedirect:
                         f"(cuda_available={wanted.cuda_available})"
                     )
             else:
+                _cache_device_constructors()
                 state = _Installed(self.target, self.cuda_available)
                 try:
                     for owner, name, replacement in _plan(state):

@@ -1,0 +1,76 @@
+"""The flash_attn and xformers drop-ins: ``import flash_attn`` / ``import xformers.ops`` in a CUDA project work on an
+NPU or a CPU, computing through ``npu_port.attention`` (the active strategy's kernel).
+
+:func:`install_dropins` registers them with the import hook (:mod:`npu_port.shims.finder`), which also presents
+package metadata, so ``importlib.util.find_spec("flash_attn")``, ``importlib.metadata.version("flash-attn")`` and the
+availability checks of diffusers and transformers see them. By default (mode ``"missing"``) a real, installed
+package always wins: the stand-in is served only where no real one can be found. ``force=True`` (mode
+``"always"``) serves the stand-ins even then. :func:`uninstall_dropins` undoes it all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import List
+
+from .finder import Replacement, register, unregister
+
+_SHIMS = "npu_port.shims."
+
+#: The drop-ins, as registration templates (installing registers fresh copies).
+DROP_INS = (
+    Replacement(
+        "flash_attn",
+        {
+            "flash_attn": _SHIMS + "flash_attn_impl",
+            "flash_attn.flash_attn_interface": _SHIMS + "flash_attn_impl",
+            "flash_attn.bert_padding": _SHIMS + "flash_attn_bert_padding",
+        },
+        distribution="flash-attn",
+        version="2.7.4",
+    ),
+    Replacement(
+        "xformers",
+        {
+            "xformers": _SHIMS + "xformers_impl",
+            "xformers.ops": _SHIMS + "xformers_ops_impl",
+            "xformers.ops.fmha": _SHIMS + "xformers_fmha_impl",
+            "xformers.ops.fmha.attn_bias": _SHIMS + "xformers_attn_bias_impl",
+        },
+        distribution="xformers",
+        version="0.0.32.post2",
+    ),
+)
+
+
+class _ServedLog(list):
+    """The finder's record of the modules it served. Serving the top module also sets its ``__version__``
+    (``flash_attn.__version__`` checks are common), which the finder does not copy since it skips dunder names;
+    the import system has the module in ``sys.modules`` while the finder fills it."""
+
+    def __init__(self, top: str, version: str):
+        super().__init__()
+        self.top = top
+        self.version = version
+
+    def append(self, fullname: str) -> None:
+        super().append(fullname)
+        module = sys.modules.get(fullname)
+        if fullname == self.top and module is not None and not hasattr(module, "__version__"):
+            module.__version__ = self.version
+
+
+def install_dropins(force: bool = False) -> List[str]:
+    """Register the drop-ins; returns their names. ``force``: serve them even where a real package is installed."""
+    mode = "always" if force else "missing"
+    for template in DROP_INS:
+        served = _ServedLog(template.name, template.version)
+        register(dataclasses.replace(template, mode=mode, served=served, reason=None))
+    return [template.name for template in DROP_INS]
+
+
+def uninstall_dropins() -> None:
+    """Unregister the drop-ins; modules they served leave ``sys.modules`` (a real package imports afresh)."""
+    for template in DROP_INS:
+        unregister(template.name)

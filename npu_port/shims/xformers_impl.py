@@ -1,0 +1,6 @@
+"""npu-port's stand-in for the ``xformers`` package: only what CUDA projects use of it, ``xformers.ops`` (served
+from :mod:`npu_port.shims.xformers_ops_impl`), computed by ``npu_port.attention`` on any device."""
+
+from __future__ import annotations
+
+__version__ = "0.0.32.post2"
