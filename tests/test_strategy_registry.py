@@ -15,7 +15,7 @@ from npu_port.strategy.schema import KEYS
 from npu_port.strategy.spec import OPTIONS, parse_size
 
 BUILTINS = ["auto", "chunked", "custom-processor", "flash", "npu", "sdpa", "vanilla", "xformers"]
-PROFILES = ["ascend-910b", "cpu-fallback", "hopper-safe"]
+PROFILES = ["ascend-910b", "cpu-fallback", "cuda-safe-math", "hopper-safe"]
 STRATEGIES_DIR = Path(__file__).resolve().parents[1] / "strategies"
 
 
@@ -139,6 +139,8 @@ def test_unknown_name_lists_every_strategy_and_where_yaml_was_searched():
             "kernel 'chunked' has no option 'max_byte'; valid options: max_bytes, query_block, key_block, upcast",
         ),
         ("description: x\nkernel: sdpa\nnpu:\n  jit: false\n", 4, "unknown npu setting 'jit'; valid settings: "),
+        ("description: x\nkernel: sdpa\nsafe_math:\n  fp64: true\n", 4, "unknown safe_math setting 'fp64'; valid "),
+        ("description: x\nkernel: sdpa\nsafe_math:\n  tf32: 0\n", 4, "safe_math.tf32 must be true or false, got 0"),
         (
             "description: x\nkernel: sdpa\nacl_options:\n  ACL_PRECISON_MODE: must_keep_origin_dtype\n",
             4,

@@ -30,6 +30,7 @@ class Activation:
     dropins: List[str] = field(default_factory=list)
     fallbacks: List[str] = field(default_factory=list)
     legacy_classes: List[str] = field(default_factory=list)
+    safe_math: Optional[Dict[str, bool]] = None  # what the profile's safe_math forced, if anything
     _undo: List[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def summary(self) -> Dict[str, Any]:
@@ -53,6 +54,7 @@ class Activation:
                 "why": {k: v for k, v in reasons.items() if k in self.fallbacks},
             },
             "legacy_attention_classes": list(self.legacy_classes),
+            "safe_math": self.safe_math,
             "npu_options": self.npu_options.as_dict() if self.npu_options is not None else None,
         }
 
@@ -117,9 +119,16 @@ def activate(
         undo.append(uninstall_builtin_fallbacks)
         handle = npu_port.set_attention_strategy(profile or strategy or "auto")
         undo.append(handle.restore)
+        safe_math = None
+        if handle.strategy.safe_math:  # the profile asks for fp32 / no TF32 (code that hits cuBLAS errors)
+            from ..shims.safe_math import force_safe_math
+
+            safe_math = force_safe_math(**handle.strategy.safe_math)
+            undo.append(safe_math.restore)
         unhook = hook_enable_xformers()
         undo.append(unhook)
         activation = Activation(redirect.target, handle, redirect, options, list(dropins), list(fallbacks))
+        activation.safe_math = dict(handle.strategy.safe_math) if safe_math is not None else None
 
         def route_legacy(module: ModuleType) -> None:
             for value in list(vars(module).values()):

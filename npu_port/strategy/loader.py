@@ -100,6 +100,7 @@ def build(raw: RawStrategy, lookup: Callable[[str], Strategy], chain: tuple = ()
         device=data.get("device", parent.device if parent else None),
         acl_options=merged("acl_options"),
         npu=merged("npu"),
+        safe_math=merged("safe_math"),
         source=raw.path,
         processor_origin=f"{raw.path}:{raw.line('processor')}" if data.get("processor") else None,
     )

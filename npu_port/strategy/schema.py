@@ -27,6 +27,10 @@ from .spec import (
     check_option,
 )
 
+#: ``safe_math:`` settings: ``fp32`` keeps autocast from running in half precision, ``tf32`` allows TF32 matmuls
+#: (false turns it off) — for code that hits cuBLAS errors or precision problems on a new GPU.
+SAFE_MATH_KEYS = ("fp32", "tf32")
+
 #: Top-level keys of a strategy or profile file, with the doc line ``npu-port strategies --schema`` prints.
 KEYS: Dict[str, str] = {
     "name": "the strategy's name (defaults to the file name without .yaml)",
@@ -43,6 +47,7 @@ KEYS: Dict[str, str] = {
     "device": "profiles: the device to use: " + ", ".join(DEVICES),
     "acl_options": "profiles: torch_npu.npu.set_option keys (ACL_...), applied by the device layer",
     "npu": "profiles: NPU runtime settings: " + ", ".join(NPU_SETTINGS),
+    "safe_math": "profiles: force a safe math path under npu-port run: " + ", ".join(SAFE_MATH_KEYS),
 }
 
 
@@ -163,6 +168,15 @@ def _check(raw: RawStrategy) -> None:
             _fail(raw, ("acl_options", key), f"unknown ACL option {key!r}; valid options: {', '.join(ACL_OPTIONS)}")
         if not isinstance(value, (str, int, float, bool)):
             _fail(raw, ("acl_options", key), f"acl_options.{key} must be a string or number, got {value!r}")
+    for key, value in _mapping(raw, "safe_math").items():
+        if key not in SAFE_MATH_KEYS:
+            _fail(
+                raw,
+                ("safe_math", key),
+                f"unknown safe_math setting {key!r}; valid settings: {', '.join(SAFE_MATH_KEYS)}",
+            )
+        if not isinstance(value, bool):
+            _fail(raw, ("safe_math", key), f"safe_math.{key} must be true or false, got {value!r}")
     for key, value in _mapping(raw, "npu").items():
         if key not in NPU_SETTINGS:
             _fail(raw, ("npu", key), f"unknown npu setting {key!r}; valid settings: {', '.join(NPU_SETTINGS)}")

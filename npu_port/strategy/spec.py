@@ -209,6 +209,7 @@ class Strategy:
     device: Optional[str] = None
     acl_options: Mapping[str, Any] = field(default_factory=dict)
     npu: Mapping[str, Any] = field(default_factory=dict)
+    safe_math: Mapping[str, bool] = field(default_factory=dict)  # profiles: force_safe_math(**safe_math) under run
     source: Optional[str] = None  # file it came from, or None for code-defined strategies
     processor_origin: Optional[str] = None  # "file:line" of the processor key, for import errors
 

@@ -1,0 +1,59 @@
+"""``npu_port.activate`` installs everything ``npu-port run`` needs and ``deactivate`` takes all of it back; a
+profile's ``safe_math`` forces float32 autocast and TF32 off for the run."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import npu_port
+from npu_port.device.redirect import patched_attributes
+from npu_port.runtime.watch_imports import ImportWatcher
+from npu_port.shims.finder import StandInFinder, registered
+
+
+def test_activate_then_deactivate_leaves_nothing_behind(tmp_path):
+    ours = (StandInFinder, ImportWatcher)
+    assert not [finder for finder in sys.meta_path if isinstance(finder, ours)]
+    tensor_cuda, autocast_init = torch.Tensor.cuda, torch.amp.autocast_mode.autocast.__init__
+    activation = npu_port.activate("cpu", watch=[str(tmp_path)])
+    try:
+        assert torch.zeros(1, device="cuda").device.type == "cpu"
+        assert set(registered()) >= {"flash_attn", "xformers", "alt_cuda_corr"}
+        import flash_attn
+
+        q = torch.randn(1, 4, 2, 8)
+        out = flash_attn.flash_attn_func(q, q, q)
+        assert out.shape == q.shape
+        summary = activation.summary()
+        assert summary["device"] == "cpu" and summary["strategy"]["requested"] == "auto"
+        assert summary["drop_ins"]["served"]["flash_attn"][0] == "flash_attn"
+        assert summary["safe_math"] is None
+    finally:
+        activation.deactivate()
+    activation.deactivate()  # twice is safe
+    assert not [finder for finder in sys.meta_path if isinstance(finder, ours)] and "flash_attn" not in sys.modules
+    assert registered() == {} and patched_attributes() == []
+    assert torch.Tensor.cuda is tensor_cuda and torch.amp.autocast_mode.autocast.__init__ is autocast_init
+
+
+def test_a_safe_math_profile_keeps_autocast_in_float32_and_tf32_off():
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    autocast_init = torch.amp.autocast_mode.autocast.__init__
+    a = torch.randn(8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert (a @ a).dtype == torch.bfloat16
+    activation = npu_port.activate("cpu", profile="cuda-safe-math")
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert (a @ a).dtype == torch.float32
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+        assert activation.summary()["safe_math"] == {"fp32": True, "tf32": False}
+        assert activation.summary()["strategy"]["requested"] == "cuda-safe-math"
+    finally:
+        activation.deactivate()
+    assert torch.backends.cuda.matmul.allow_tf32 == tf32
+    assert torch.amp.autocast_mode.autocast.__init__ is autocast_init
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert (a @ a).dtype == torch.bfloat16
