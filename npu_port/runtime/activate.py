@@ -2,10 +2,11 @@
 
 In order: the profile's Ascend options (a dry run off an NPU), the cuda -> device redirect, the flash_attn / xformers
 drop-ins (a real, working package wins unless forced), the compiled-extension fallbacks (RAFT's ``alt_cuda_corr``),
-the process-wide attention strategy (what the drop-ins and patched legacy attention call), diffusers'
-``enable_xformers_memory_efficient_attention`` hook, and the legacy-attention patch for classes in the user's own
-modules as they are imported. :meth:`Activation.deactivate` undoes all of it in reverse order;
-:meth:`Activation.summary` says what was installed and how often each piece was used.
+the process-wide attention strategy (what the drop-ins and patched legacy attention call), the profile's
+``safe_math`` (float32 autocast, TF32 off), diffusers' ``enable_xformers_memory_efficient_attention`` hook, and the
+legacy-attention patch for classes in the user's own modules as they are imported. :meth:`Activation.deactivate`
+undoes all of it in reverse order; :meth:`Activation.summary` says what was installed and how often each piece was
+used.
 """
 
 from __future__ import annotations
