@@ -52,6 +52,7 @@ def test_a_missing_package_is_served_with_a_spec_and_metadata(impl_dir):
     assert spec is not None and spec.origin == "npu-port stand-in (npu_port_test_impl_top)"
     module = importlib.import_module(name)
     assert module.attend() == "stand-in" and module.__name__ == name and module.__doc__ == "stand-in top"
+    assert module.__version__ == "9.9.9"
     assert importlib.import_module(f"{name}.sub").helper() == "stand-in helper"
     assert importlib.metadata.version("npu-port-test-pkg-a") == "9.9.9"
     assert importlib.metadata.version(name) == "9.9.9"

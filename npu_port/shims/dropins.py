@@ -11,7 +11,6 @@ package always wins: the stand-in is served only where no real one can be found.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import List
 
 from .finder import Replacement, register, unregister
@@ -44,29 +43,11 @@ DROP_INS = (
 )
 
 
-class _ServedLog(list):
-    """The finder's record of the modules it served. Serving the top module also sets its ``__version__``
-    (``flash_attn.__version__`` checks are common), which the finder does not copy since it skips dunder names;
-    the import system has the module in ``sys.modules`` while the finder fills it."""
-
-    def __init__(self, top: str, version: str):
-        super().__init__()
-        self.top = top
-        self.version = version
-
-    def append(self, fullname: str) -> None:
-        super().append(fullname)
-        module = sys.modules.get(fullname)
-        if fullname == self.top and module is not None and not hasattr(module, "__version__"):
-            module.__version__ = self.version
-
-
 def install_dropins(force: bool = False) -> List[str]:
     """Register the drop-ins; returns their names. ``force``: serve them even where a real package is installed."""
     mode = "always" if force else "missing"
     for template in DROP_INS:
-        served = _ServedLog(template.name, template.version)
-        register(dataclasses.replace(template, mode=mode, served=served, reason=None))
+        register(dataclasses.replace(template, mode=mode, served=[], reason=None))
     return [template.name for template in DROP_INS]
 
 

@@ -67,6 +67,8 @@ class _StandInLoader(importlib.abc.Loader):
         module.__dict__.update(public)
         module.__doc__ = implementation.__doc__
         module.__npu_port_stand_in__ = self.replacement.modules[self.fullname]
+        if self.fullname == self.replacement.name and self.replacement.version is not None:
+            module.__version__ = self.replacement.version  # `pkg.__version__` checks are common
         self.replacement.served.append(self.fullname)
 
 

@@ -34,8 +34,6 @@ from torch import Tensor
 from ..errors import AttentionInputError, DropInError
 from ._attention import attend_bshd, attend_dense, attend_packed, key_length_keep, window_bounds
 
-__version__ = "2.7.4"
-
 
 def _refuse(function: str, argument: str, why: str, instead: str) -> None:
     raise DropInError(

@@ -2,5 +2,3 @@
 from :mod:`npu_port.shims.xformers_ops_impl`), computed by ``npu_port.attention`` on any device."""
 
 from __future__ import annotations
-
-__version__ = "0.0.32.post2"
