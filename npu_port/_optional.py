@@ -8,20 +8,90 @@ at import time; a probe happens the first time a kernel asks.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import json
+import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
-from typing import Dict, Optional
+from typing import Dict, List, Optional
+from urllib.parse import unquote, urlparse
 
 from .reasons import Reason
+
+#: What each extra of setup.cfg installs, for when the distribution's metadata cannot be read (a source tree on
+#: sys.path). tests/test_packaging.py checks this against setup.cfg.
+EXTRAS: Dict[str, List[str]] = {
+    "npu": ["torch-npu"],
+    "diffusers": ["diffusers>=0.27", "transformers"],
+    "demo": ["gradio>=5"],
+    "bench": ["matplotlib>=3.5"],
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _installed_from() -> Optional[str]:
+    """How npu-port itself was installed, as the pip argument that installs it again with an extra (``{extra}``).
+
+    npu-port is not on the package index, so naming the extra on the bare project name would fail: the hint must
+    name the checkout it came from. PEP 610's ``direct_url.json`` says where (``pip install -e DIR`` or
+    ``pip install DIR``); a source tree imported from ``sys.path`` without installing is its own checkout. None when
+    neither is known (a wheel built elsewhere): then only the packages themselves are named.
+    """
+    from importlib import metadata
+
+    try:
+        text = metadata.distribution("npu-port").read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        checkout = Path(__file__).resolve().parent.parent
+        if (checkout / "setup.cfg").is_file() and (checkout / "npu_port").is_dir():
+            return f'pip install -e "{_display(str(checkout))}[{{extra}}]"'
+        return None
+    if text:
+        try:
+            info = json.loads(text)
+            url = urlparse(info["url"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        if url.scheme == "file":
+            where = unquote(url.path)
+            editable = bool((info.get("dir_info") or {}).get("editable"))
+            return f'pip install {"-e " if editable else ""}"{_display(where)}[{{extra}}]"'
+        return None
+    return None
+
+
+def _display(path: str) -> str:
+    """``path`` as the user would type it: ``.`` for the working directory, relative when inside it."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive on Windows
+        return path
+    return relative if not relative.startswith("..") else path
+
+
+def extra_hint(extra: str) -> str:
+    """The command that installs npu-port's ``extra`` the way npu-port itself was installed, or its packages.
+
+    >>> extra_hint("demo")  # from a checkout installed with pip install -e .   # doctest: +SKIP
+    'pip install -e ".[demo]" (or: pip install "gradio>=5")'
+    """
+    packages = " ".join(f'"{p}"' if any(c in p for c in "<>=!~") else p for p in EXTRAS.get(extra, []))
+    how = _installed_from()
+    if how is None:
+        return f"pip install {packages}" if packages else f"install npu-port's {extra!r} extra"
+    command = how.format(extra=extra)
+    return f"{command} (or: pip install {packages})" if packages else command
+
 
 #: How to get each optional package, shown when it is missing.
 INSTALL_HINTS: Dict[str, str] = {
     "torch_npu": (
-        'install it on an Ascend machine with CANN: pip install "npu-port[npu]" '
-        "(torch-npu must match your torch version)"
+        "install it on an Ascend machine with CANN: pip install torch-npu "
+        "(torch-npu must match your torch version: the same major.minor)"
     ),
     "xformers": "pip install xformers (a build matching your torch and CUDA)",
     "flash_attn": "pip install flash-attn --no-build-isolation (needs a CUDA toolkit and a matching torch)",

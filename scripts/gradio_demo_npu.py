@@ -5,7 +5,7 @@ with max |diff| and PSNR against the first.
     python scripts/gradio_demo_npu.py                                   # tiny built-in model, http://127.0.0.1:7860
     python scripts/gradio_demo_npu.py --model ./sd-pipeline --dtype float16 --strategy sdpa --port 0
 
-Needs gradio: pip install "npu-port[demo]". ``--help`` lists every option.
+Needs gradio: from a checkout, pip install -e ".[demo]". ``--help`` lists every option.
 """
 
 import sys

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import npu_port
+from npu_port._optional import extra_hint
 from npu_port.bench import BenchError
 from npu_port.bench.memory import AllocationTracker
 from npu_port.bench.report import COLUMNS
@@ -196,7 +197,7 @@ def test_missing_matplotlib_fails_before_measuring_and_no_plot_skips_it(tmp_path
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     assert main(["bench", "--shapes", TINY, "--strategies", "sdpa", *FAST, "--out", str(tmp_path)]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and 'bench.png needs matplotlib: pip install "npu-port[bench]"' in captured.err
+    assert captured.out == "" and f"bench.png needs matplotlib: {extra_hint('bench')}, or use --no-plot" in captured.err
     assert main(["bench", "--shapes", TINY, "--strategies", "sdpa", *FAST, "--out", str(tmp_path), "--no-plot"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.csv", "bench.json"]
 

@@ -28,8 +28,8 @@ def test_forcing_an_npu_kernel_without_torch_npu_names_the_package_and_the_kerne
     assert str(info.value) == (
         "attention kernel 'npu_fusion' cannot run this call (query (1, 2, 4, 8) float32 on cpu, key (1, 2, 4, 8), "
         "value (1, 2, 4, 8), no mask, is_causal=False, dropout_p=0, scale=0.3536):\n"
-        '  - torch_npu is not installed; install it on an Ascend machine with CANN: pip install "npu-port[npu]" '
-        "(torch-npu must match your torch version)\n"
+        "  - torch_npu is not installed; install it on an Ascend machine with CANN: pip install torch-npu "
+        "(torch-npu must match your torch version: the same major.minor)\n"
         "kernels that can run it: math, sdpa, chunked"
     )
     assert [r.code for r in info.value.reasons] == ["package-missing"]

@@ -78,3 +78,85 @@ def test_public_api_names_resolve():
     for name in npu_port.__all__:
         assert getattr(npu_port, name) is not None
     assert callable(npu_port.attention) and npu_port.masks.__name__ == "npu_port.attn.masks"
+
+
+# ---- install hints: npu-port is not on the package index, so a hint names the checkout it was installed from ----
+
+
+def test_the_extras_table_for_hints_matches_setup_cfg():
+    from npu_port._optional import EXTRAS
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    declared = {extra: value.split() for extra, value in config["options.extras_require"].items() if extra != "dev"}
+    assert EXTRAS == declared
+
+
+class _Distribution:
+    def __init__(self, direct_url):
+        self.direct_url = direct_url
+
+    def read_text(self, name):
+        assert name == "direct_url.json"
+        return None if self.direct_url is None else json.dumps(self.direct_url)
+
+
+def _hint_with(monkeypatch, direct_url, *, installed=True):
+    from importlib import metadata
+
+    from npu_port import _optional
+
+    def distribution(name):
+        assert name == "npu-port"
+        if not installed:
+            raise metadata.PackageNotFoundError(name)
+        return _Distribution(direct_url)
+
+    monkeypatch.setattr(metadata, "distribution", distribution)
+    _optional._installed_from.cache_clear()
+    try:
+        return _optional.extra_hint("demo")
+    finally:
+        _optional._installed_from.cache_clear()
+
+
+def test_hint_for_an_editable_checkout_names_the_checkout(monkeypatch, tmp_path):
+    url = {"url": (tmp_path / "my checkout").as_uri(), "dir_info": {"editable": True}}
+    assert (
+        _hint_with(monkeypatch, url) == f'pip install -e "{tmp_path}/my checkout[demo]" (or: pip install "gradio>=5")'
+    )
+
+
+def test_hint_for_a_plain_install_from_a_folder_has_no_dash_e(monkeypatch, tmp_path):
+    url = {"url": tmp_path.as_uri(), "dir_info": {}}
+    assert _hint_with(monkeypatch, url) == f'pip install "{tmp_path}[demo]" (or: pip install "gradio>=5")'
+
+
+def test_hint_for_a_checkout_inside_the_working_directory_is_relative(monkeypatch, tmp_path):
+    (tmp_path / "npu-port").mkdir()
+    monkeypatch.chdir(tmp_path)
+    url = {"url": (tmp_path / "npu-port").as_uri(), "dir_info": {"editable": True}}
+    assert _hint_with(monkeypatch, url) == 'pip install -e "npu-port[demo]" (or: pip install "gradio>=5")'
+
+
+def test_hint_for_a_wheel_of_unknown_origin_names_the_packages_only(monkeypatch):
+    assert _hint_with(monkeypatch, None) == 'pip install "gradio>=5"'
+    assert _hint_with(
+        monkeypatch, {"url": "https://example.org/npu_port-0.1-py3-none-any.whl", "archive_info": {}}
+    ) == ('pip install "gradio>=5"')
+
+
+def test_hint_for_a_source_tree_on_sys_path_names_that_tree(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert _hint_with(monkeypatch, None, installed=False) == 'pip install -e ".[demo]" (or: pip install "gradio>=5")'
+
+
+def test_no_hint_anywhere_names_a_package_index_release():
+    """``npu-port[...]`` is not installable from an index: no message may suggest it."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in [*(ROOT / "npu_port").rglob("*.py"), *(ROOT / "scripts").rglob("*.py")]
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "npu-port[" in line
+    ]
+    assert offenders == []

@@ -3,7 +3,7 @@
 Times span four orders of magnitude between a 256-token encoder layer and a 61440-token video, so the axis is
 logarithmic. A strategy that was refused, unavailable or failed gets a labelled marker instead of a bar: a missing
 bar would read as "not measured", when "cannot run this" is the finding. matplotlib is an optional dependency
-(``pip install "npu-port[bench]"``), imported only here, and drawn through its object API with the Agg canvas, so no
+(the ``bench`` extra), imported only here, and drawn through its object API with the Agg canvas, so no
 display or global pyplot state is involved.
 """
 
@@ -15,7 +15,6 @@ from typing import Dict, List
 from . import BenchError
 from .results import OK, BenchReport
 
-INSTALL_HINT = 'bench.png needs matplotlib: pip install "npu-port[bench]" (or matplotlib itself), or use --no-plot'
 MARKS = {"refused": "refused", "unavailable": "n/a", "failed": "failed"}
 
 
@@ -24,7 +23,9 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError as exc:
-        raise BenchError(f"{INSTALL_HINT} ({exc})") from None
+        from .._optional import extra_hint
+
+        raise BenchError(f"bench.png needs matplotlib: {extra_hint('bench')}, or use --no-plot ({exc})") from None
 
 
 def write_png(report: BenchReport, path: Path) -> None:

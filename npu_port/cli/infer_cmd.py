@@ -13,8 +13,6 @@ Exit codes: 0 done (and, with --compare, every image within tolerance of the fir
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import platform
 import sys
 from pathlib import Path
@@ -91,19 +89,16 @@ def _report_path(args: argparse.Namespace) -> Path:
 
 
 def _write_json(path: Path, data: Dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(temporary, path)  # never a half-written report
+    from ..atomic import write_json
+
+    write_json(path, data)  # never a half-written report, nor another run's
 
 
 def _save_image(image, path: Path) -> None:
+    from ..atomic import write_with
     from ..infer.run import to_pil
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    to_pil(image).save(temporary)
-    os.replace(temporary, path)
+    write_with(path, to_pil(image).save)
 
 
 def _step_line(result) -> str:

@@ -10,7 +10,6 @@ it was hit goes to stderr at exit, or to ``--report`` as JSON. The exit code is 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import runpy
 import sys
@@ -51,12 +50,9 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def _write_report(path: str, summary: Any) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    temporary = os.path.join(directory, f".{os.path.basename(path)}.tmp")
-    with open(temporary, "w", encoding="utf-8") as fh:
-        json.dump(summary, fh, indent=2, default=str)
-    os.replace(temporary, path)
+    from ..atomic import write_json
+
+    write_json(path, summary)
 
 
 def run(args: argparse.Namespace, script_globals: Optional[dict] = None) -> int:

@@ -20,7 +20,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import InferenceError, NpuPortError
 from ..infer.run import MAX_SIDE, MAX_STEPS, GenerationRequest, check_request
 
-INSTALL_HINT = 'pip install "npu-port[demo]"'
 #: What a comparison starts with (those of them that can run here).
 DEFAULT_COMPARE = ("vanilla", "sdpa", "auto")
 #: The exact math kernel: the reference of a comparison whenever it is picked, so differences are measured from it.
@@ -41,7 +40,9 @@ def require_gradio() -> Any:
     try:
         import gradio
     except ImportError as exc:
-        raise GradioMissingError(f"the demo needs gradio ({exc}): {INSTALL_HINT}") from None
+        from .._optional import extra_hint
+
+        raise GradioMissingError(f"the demo needs gradio ({exc}): {extra_hint('demo')}") from None
     return gradio
 
 

@@ -2,8 +2,8 @@
 
 One JSON file per (device model, torch / torch_npu / diffusers / npu-port versions, strategy fingerprint): a new
 driver stack or another GPU model measures afresh instead of trusting stale numbers. Writes are atomic
-(temporary file + ``os.replace``) and merge with what another process may have written meanwhile; a corrupt or
-unreadable file is ignored (and rewritten), never fatal — it is a cache.
+(:mod:`npu_port.atomic`: a unique temporary file + ``os.replace``) and merge with what another process may have
+written meanwhile; a corrupt or unreadable file is ignored (and rewritten), never fatal — it is a cache.
 
 Location: ``NPU_PORT_CACHE_DIR``, else ``$XDG_CACHE_HOME/npu-port``, else ``~/.cache/npu-port``; files live in its
 ``auto/`` folder.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -22,6 +21,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from .._version import __version__
+from ..atomic import write_json
 from ..device import device_name
 from .decision import Decision
 
@@ -99,14 +99,7 @@ class DecisionCache:
                 "strategy": self.fingerprint,
                 "decisions": decisions,
             }
-            fd, tmp = tempfile.mkstemp(prefix=".auto-", suffix=".json", dir=self.path.parent)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    json.dump(payload, fh, indent=1, sort_keys=True, default=str)
-                os.replace(tmp, self.path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_json(self.path, payload, indent=1, sort_keys=True)
             self.writes += 1
         except OSError as exc:  # a read-only home or a full disk costs a re-measurement, not a failed model run
             self.error = f"cannot write {self.path}: {exc.strerror or exc}"

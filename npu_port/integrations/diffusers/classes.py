@@ -13,8 +13,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
-#: Install hint shown when diffusers is missing.
-INSTALL_HINT = "pip install 'npu-port[diffusers]'"
+from ..._optional import extra_hint
 
 
 @dataclass(frozen=True)
@@ -63,8 +62,9 @@ def load() -> DiffusersClasses:
         from diffusers.models import attention_processor as processors
     except Exception as exc:  # a broken optional dependency of diffusers (torch_npu without CANN) lands here too
         detail = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+        hint = extra_hint("diffusers")
         raise ImportError(
-            f"npu-port's diffusers integration needs diffusers, which cannot be imported ({detail}); {INSTALL_HINT}"
+            f"npu-port's diffusers integration needs diffusers, which cannot be imported ({detail}); {hint}"
         ) from exc
     try:
         dispatch_module = importlib.import_module("diffusers.models.attention_dispatch")

@@ -1,0 +1,93 @@
+"""Atomic file writes with unique temporary names: the one way npu-port writes a file the user keeps.
+
+A fixed temporary name (``.report.json.tmp``) is not enough: two runs with the same ``--output`` then write the same
+temporary file, one renames the other's half-written bytes into place, and the image and report can come from
+different runs. Each write here gets its own temporary file (``tempfile.mkstemp`` in the destination's folder, so
+``os.replace`` is a rename on one file system), is flushed to disk, and replaces the destination in one step; on any
+failure, Ctrl-C included, the temporary file is removed and the destination is left as it was.
+
+Only the standard library: every layer may use this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator, Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: The process umask, read once at import (reading it means setting it, which is not safe later among threads).
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+@contextlib.contextmanager
+def atomic_path(path: PathLike, *, mode: int = 0o666) -> Iterator[Path]:
+    """Yield a unique temporary path beside ``path``; when the block ends without error it replaces ``path``.
+
+    For writers that want a file name (``PIL.Image.save``, ``matplotlib``'s ``savefig``): the temporary name keeps
+    ``path``'s suffix so format detection by extension still works. The parent folder is created if missing. The file
+    gets ``mode`` less the umask, as ``open()`` would give it (``mkstemp`` alone makes it private).
+    """
+    destination = Path(path)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(
+        prefix=f".{destination.stem}.", suffix=f".tmp{destination.suffix}", dir=destination.parent
+    )
+    os.close(fd)
+    try:
+        yield Path(temporary)
+        with open(temporary, "rb+") as fh:  # the writer closed it; make its bytes durable before the rename
+            os.fsync(fh.fileno())
+        os.chmod(temporary, mode & ~_UMASK)
+        os.replace(temporary, destination)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def write_bytes(path: PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically; returns the path."""
+    with atomic_path(path) as temporary:
+        temporary.write_bytes(data)
+    return Path(path)
+
+
+def write_text(path: PathLike, text: str, *, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` atomically; returns the path."""
+    return write_bytes(path, text.encode(encoding))
+
+
+def write_with(path: PathLike, writer: Callable[[Path], Any]) -> Path:
+    """Call ``writer(temporary_path)`` and move what it wrote to ``path`` atomically; returns the path."""
+    with atomic_path(path) as temporary:
+        writer(temporary)
+    return Path(path)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, ±inf) replaced by ``None``, recursively (dicts, lists, tuples).
+
+    ``json.dumps`` writes bare ``NaN`` / ``Infinity``, which is not JSON: other tools refuse the file. Whoever
+    writes a report records *that* a value was not finite separately (a flag next to it); this only makes the file
+    valid.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def write_json(path: PathLike, data: Any, *, indent: int = 2, sort_keys: bool = False) -> Path:
+    """Write ``data`` as valid JSON (non-finite floats become ``null``, see :func:`json_safe`) atomically."""
+    text = json.dumps(json_safe(data), indent=indent, sort_keys=sort_keys, default=str, allow_nan=False)
+    return write_text(path, text + "\n")
