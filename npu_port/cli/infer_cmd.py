@@ -15,11 +15,14 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 #: Same as npu_port.infer.models.DTYPES (kept here so that --help never imports torch).
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+#: Exit code after Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,23 +87,6 @@ def _strategy_and_profile(args: argparse.Namespace):
     return args.profile or args.strategy or "auto"
 
 
-def _report_path(args: argparse.Namespace) -> Path:
-    return Path(args.report) if args.report else Path(args.output).with_suffix(".json")
-
-
-def _write_json(path: Path, data: Dict[str, Any]) -> None:
-    from ..atomic import write_json
-
-    write_json(path, data)  # never a half-written report, nor another run's
-
-
-def _save_image(image, path: Path) -> None:
-    from ..atomic import write_with
-    from ..infer.run import to_pil
-
-    write_with(path, to_pil(image).save)
-
-
 def _step_line(result) -> str:
     steady = result.median_step_s
     steady_text = f"{steady * 1e3:.1f} ms per later step (median)" if steady is not None else "one step only"
@@ -110,28 +96,35 @@ def _step_line(result) -> str:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..device import device_name, get_device
-    from ..infer import GenerationRequest, compare_strategies, generate, load_pipeline
-    from ..infer.models import resolve_dtype
+@dataclass
+class _Plan:
+    """Everything a run needs, checked before any model is loaded."""
+
+    strategy: str
+    compare: Optional[List[str]]
+    device: Any
+    dtype: Any
+    encoder_device: Any
+    request: Any  # GenerationRequest
+    outputs: Any  # npu_port.infer.paths.OutputPlan
+    cache: Any  # npu_port.infer.paths.CacheLocation
+
+
+def _preflight(args: argparse.Namespace) -> _Plan:
+    """Every argument, path and strategy name checked, cheapest first; the first problem is one line (exit 2)."""
+    from ..device import get_device
+    from ..errors import InferenceError
+    from ..infer import GenerationRequest
+    from ..infer.limits import CLASS_CONDITIONAL, UNKNOWN_MODEL, check_tolerance
+    from ..infer.models import describe_model, resolve_dtype
+    from ..infer.paths import cache_location, plan_outputs
+    from ..infer.strategies import check_strategies, check_strategy
 
     strategy = _strategy_and_profile(args)
-    device = get_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    encoder_device = get_device(args.text_encoder_device) if args.text_encoder_device else None
-    npu_options = None
-    if args.profile:
-        import npu_port
-
-        npu_options = npu_port.apply_npu_options(args.profile).as_dict()
-    loaded = load_pipeline(
-        args.model,
-        device,
-        dtype,
-        text_encoder_device=encoder_device,
-        progress_bar=not args.no_progress,
-        on_build=lambda message: print(f"npu-port: {message}", file=sys.stderr),
-    )
+    if args.tolerance is not None:
+        if not args.compare:
+            raise InferenceError("--tolerance applies to --compare only")
+        check_tolerance(args.tolerance, "--tolerance")
     request = GenerationRequest(
         prompt=args.prompt,
         negative_prompt=args.negative_prompt,
@@ -145,10 +138,62 @@ def run(args: argparse.Namespace) -> int:
         vae_slicing=args.vae_slicing,
         vae_tiling=args.vae_tiling,
     )
+    model = describe_model(args.model)
+    (model.limits or UNKNOWN_MODEL).check(request)  # a hub id's own limits are checked again once it is loaded
+    device = get_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    encoder_device = get_device(args.text_encoder_device) if args.text_encoder_device else None
+    if encoder_device is not None and model.kind == CLASS_CONDITIONAL:
+        raise InferenceError(f"--text-encoder-device: {args.model!r} is class-conditional and has no text encoder")
+    compare = check_strategies(args.compare.split(",")) if args.compare else None
+    check_strategy(strategy)
+    outputs = plan_outputs(args.output, args.report, compare)
+    cache, warning = cache_location()
+    if warning:
+        print(f"npu-port: {warning}", file=sys.stderr)
+    return _Plan(strategy, compare, device, dtype, encoder_device, request, outputs, cache)
+
+
+def _image_files(results: Dict[Optional[str], Any], plan: _Plan) -> Tuple[Dict[Path, bytes], Dict[Any, Dict]]:
+    """The encoded images to write (finite ones only) and, per result, what the report says about its file."""
+    from ..infer.saving import encode_image, sha256
+
+    files: Dict[Path, bytes] = {}
+    entries: Dict[Any, Dict[str, Any]] = {}
+    for name, result in results.items():
+        path = plan.outputs.images[name]
+        if not result.finite:  # fail closed: a NaN image would be saved as a black picture that looks like a result
+            entries[name] = {"image": None, "image_sha256": None}
+            continue
+        files[path] = encode_image(result.image, path)
+        entries[name] = {"image": str(path), "image_sha256": sha256(files[path])}
+    return files, entries
+
+
+def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
+    from ..device import device_name
+    from ..infer import compare_strategies, generate, load_pipeline
+    from ..infer.saving import write_set
+
+    npu_options = None
+    if args.profile:
+        import npu_port
+
+        npu_options = npu_port.apply_npu_options(args.profile).as_dict()
+    loaded = load_pipeline(
+        args.model,
+        plan.device,
+        plan.dtype,
+        text_encoder_device=plan.encoder_device,
+        progress_bar=not args.no_progress,
+        on_build=lambda message: print(f"npu-port: {message}", file=sys.stderr),
+        cache=plan.cache,
+    )
+    request = plan.request
     report: Dict[str, Any] = {
-        "device": str(device),
-        "device_name": device_name(device),
-        "dtype": str(dtype).replace("torch.", ""),
+        "device": str(plan.device),
+        "device_name": device_name(plan.device),
+        "dtype": str(plan.dtype).replace("torch.", ""),
         "versions": _versions(),
         "model": {
             "requested": loaded.model,
@@ -157,34 +202,53 @@ def run(args: argparse.Namespace) -> int:
             "random_weights": loaded.random_weights,
         },
         "request": {k: v for k, v in vars(request).items() if k != "strategy"},
-        "text_encoder_device": str(encoder_device) if encoder_device else str(device),
+        "text_encoder_device": str(plan.encoder_device) if plan.encoder_device else str(plan.device),
         "npu_options": npu_options,
+        "disk_cache": loaded.disk_cache,
     }
     if loaded.random_weights:
         print(
             f"npu-port: model {loaded.model!r} has random weights: the image is noise-like by design", file=sys.stderr
         )
-    output = Path(args.output)
-    if args.compare:
-        comparison = compare_strategies(loaded, request, args.compare.split(","), args.tolerance)
-        images: List[str] = []
-        for name, result in comparison.results.items():
-            path = output.with_name(f"{output.stem}-{name}{output.suffix}")
-            _save_image(result.image, path)
-            images.append(str(path))
-        report.update(comparison=comparison.as_dict(), images=images)
-        _write_json(_report_path(args), report)
+    report_path = plan.outputs.report
+    if plan.compare:
+        comparison = compare_strategies(loaded, request, plan.compare, args.tolerance)
+        files, entries = _image_files(comparison.results, plan)
+        details = comparison.as_dict()
+        for name, entry in entries.items():
+            details["strategies"][name].update(entry)
+        report.update(comparison=details, images=[str(path) for path in files])
+        write_set(files, report_path, report, plan.outputs.lock, written)
         print(comparison.format())
-        print(f"images: {', '.join(images)}; report: {_report_path(args)}")
+        print(f"images: {', '.join(str(path) for path in files) or 'none'}; report: {report_path}")
         return 1 if comparison.diverged else 0
     result = generate(loaded, request)
-    _save_image(result.image, output)
-    report.update(result.as_dict(), image=str(output))
-    _write_json(_report_path(args), report)
-    print(f"{device} ({device_name(device)}), {report['dtype']}, strategy {strategy} -> {result.strategy_resolved}")
+    files, entries = _image_files({None: result}, plan)
+    report.update(result.as_dict(), **entries[None])
+    write_set(files, report_path, report, plan.outputs.lock, written)
+    device_text = f"{plan.device} ({device_name(plan.device)}), {report['dtype']}"
+    print(f"{device_text}, strategy {plan.strategy} -> {result.strategy_resolved}")
     print(_step_line(result))
-    print(f"image: {output}; report: {_report_path(args)}")
+    if not result.finite:
+        print(
+            f"npu-port: the image under strategy {plan.strategy} (resolved {result.strategy_resolved}) is not finite "
+            f"({result.non_finite} of {result.image.size} values are NaN or inf): no image written; report: "
+            f"{report_path}",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"image: {plan.outputs.image}; report: {report_path}")
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    written: List[Path] = []
+    try:
+        return _execute(args, _preflight(args), written)
+    except KeyboardInterrupt:
+        what = "the image(s) and report had been written whole" if written else "nothing was written"
+        print(f"npu-port: interrupted (Ctrl-C); {what}", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def main(argv: Optional[List[str]] = None) -> int:

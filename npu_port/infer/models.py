@@ -3,7 +3,8 @@
 The tiny pipelines are built from configs the first time, saved under the npu-port cache and then loaded with
 ``from_pretrained`` like any downloaded model, so the main job exercises the normal loading path on a fresh machine
 with no network. Their weights are random. A hub id is loaded with the hub's offline mode respected
-(``HF_HUB_OFFLINE=1`` means local files only).
+(``HF_HUB_OFFLINE=1`` means local files only). :func:`describe_model` says what a model is and what it accepts
+before anything is loaded (for a hub id: nothing yet), so that bad input is refused first.
 """
 
 from __future__ import annotations
@@ -19,7 +20,16 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from ..errors import InferenceError
-from ..strategy.cache import cache_root
+from .limits import (
+    BUILTIN_LIMITS,
+    CLASS_CONDITIONAL,
+    TEXT_TO_IMAGE,
+    ModelLimits,
+    directory_limits,
+    limits_from_configs,
+    pipeline_kind,
+)
+from .paths import CacheLocation
 
 
 def _build_text2image(directory: str) -> None:
@@ -37,7 +47,7 @@ def _build_dit(directory: str) -> None:
 #: Built-in models: name -> (builder, one-line description). Bump the version suffix when a builder changes.
 TINY_MODELS: Dict[str, tuple] = {
     "tiny": (_build_text2image, "tiny Stable-Diffusion-style text-to-image pipeline (CLIP text encoder, UNet, VAE)"),
-    "tiny-dit": (_build_dit, "tiny class-conditional DiT pipeline (10 classes)"),
+    "tiny-dit": (_build_dit, "tiny class-conditional DiT pipeline (1000 classes, 16x16 images)"),
 }
 _TINY_VERSION = "v2"
 
@@ -66,25 +76,64 @@ class LoadedPipeline:
     device: torch.device
     dtype: torch.dtype
     random_weights: bool
+    limits: ModelLimits  # what a request may ask of it (npu_port.infer.limits)
     text_encoder_device: Optional[torch.device] = None  # set: prompts are encoded there, embeddings moved
+    disk_cache: bool = True  # False: the cache folder cannot be written; auto keeps its decisions in memory only
 
     @property
     def vae_scale_factor(self) -> int:
         """How many pixels one latent covers per side (from the VAE's config; not every pipeline stores it)."""
-        return 2 ** (len(self.pipe.vae.config.block_out_channels) - 1)
+        return self.limits.factor
 
     @property
     def native_size(self) -> Optional[int]:
         """The one image size a class-conditional DiT produces (its config fixes it), else None."""
-        if self.kind != "class-conditional":
-            return None
-        return int(self.pipe.transformer.config.sample_size) * self.vae_scale_factor
+        return self.limits.native_size
 
 
-def tiny_model_dir(name: str, on_build: Optional[Callable[[str], None]] = None) -> Path:
-    """Where the built tiny model lives (built on first use; a partial build is never left behind)."""
+@dataclass(frozen=True)
+class ModelPlan:
+    """What ``--model`` names, known before loading: where it comes from and, unless it is a hub id, its kind and
+    limits (read from the built-in table or the directory's config JSON files)."""
+
+    model: str
+    source: str  # a directory, or the hub id
+    builtin: bool
+    limits: Optional[ModelLimits]  # None for a hub id: known only once loaded
+
+    @property
+    def kind(self) -> Optional[str]:
+        return self.limits.kind if self.limits else None
+
+
+def describe_model(model: str) -> ModelPlan:
+    """``model`` checked and described without loading it (a missing directory or one that is not a pipeline is
+    refused here)."""
+    if model in TINY_MODELS:
+        return ModelPlan(model, model, True, BUILTIN_LIMITS[model])
+    source = os.path.expanduser(model)
+    if not os.path.exists(source):
+        if _looks_like_path(model):
+            raise InferenceError(
+                f"model directory {model!r} does not exist; give a diffusers pipeline directory (with "
+                f"model_index.json), a hub id, or one of the built-in models: {', '.join(TINY_MODELS)}"
+            )
+        return ModelPlan(model, source, False, None)
+    if not os.path.isfile(os.path.join(source, "model_index.json")):
+        raise InferenceError(
+            f"{model!r} is not a diffusers pipeline directory (no model_index.json in it); save one with "
+            "pipe.save_pretrained(DIR)"
+        )
+    return ModelPlan(model, source, False, directory_limits(source))
+
+
+def tiny_model_dir(
+    name: str, on_build: Optional[Callable[[str], None]] = None, cache: Optional[CacheLocation] = None
+) -> Path:
+    """Where the built tiny model lives (built on first use; a partial build is never left behind). ``cache``: the
+    cache location checked by :func:`~npu_port.infer.paths.cache_location` (default: the npu-port cache)."""
     builder, _ = TINY_MODELS[name]
-    target = cache_root() / "models" / f"{name}-{_TINY_VERSION}"
+    target = (cache or CacheLocation.default()).models / f"{name}-{_TINY_VERSION}"
     if (target / "model_index.json").is_file():
         return target
     if on_build is not None:
@@ -129,15 +178,16 @@ def _from_pretrained(source: str, model: str, local_files_only: bool, dtype: tor
         ) from None
 
 
-def _kind(pipe: Any) -> str:
-    if getattr(pipe, "transformer", None) is not None and getattr(pipe, "text_encoder", None) is None:
-        return "class-conditional"
-    if getattr(pipe, "text_encoder", None) is None:
-        raise InferenceError(
-            f"{type(pipe).__name__} is neither a text-to-image pipeline (with a text encoder) nor a class-conditional "
-            "DiT; npu-port infer runs those two kinds"
-        )
-    return "text-to-image"
+def _limits(pipe: Any, model: str) -> ModelLimits:
+    kind = pipeline_kind(
+        type(pipe).__name__,
+        has_text_encoder=getattr(pipe, "text_encoder", None) is not None,
+        has_transformer=getattr(pipe, "transformer", None) is not None,
+    )
+    if model in BUILTIN_LIMITS:
+        return BUILTIN_LIMITS[model]
+    transformer = dict(pipe.transformer.config) if kind == CLASS_CONDITIONAL else None
+    return limits_from_configs(kind, dict(pipe.vae.config), transformer)
 
 
 def load_pipeline(
@@ -148,34 +198,39 @@ def load_pipeline(
     text_encoder_device: Optional[torch.device] = None,
     progress_bar: bool = True,
     on_build: Optional[Callable[[str], None]] = None,
+    cache: Optional[CacheLocation] = None,
 ) -> LoadedPipeline:
     """Load ``model`` (a built-in name, a directory or a hub id) onto ``device`` in ``dtype``.
 
     ``text_encoder_device``: keep the text encoder there (in float32) instead, to save device memory; prompts are
     then encoded there and only the embeddings move. ``on_build`` is told when a tiny model is built the first time.
+    ``cache``: where built models and auto's decisions may be kept (:func:`~npu_port.infer.paths.cache_location`;
+    default the npu-port cache); with no writable cache a tiny model is built in a temporary folder.
     """
-    random_weights = model in TINY_MODELS
-    if random_weights:
-        source = str(tiny_model_dir(model, on_build))
+    plan = describe_model(model)
+    cache = cache or CacheLocation.default()
+    if plan.builtin:
+        source = str(tiny_model_dir(model, on_build, cache))
         pipe = _from_pretrained(source, model, local_files_only=True, dtype=dtype)
     else:
-        source = os.path.expanduser(model)
-        if not os.path.exists(source) and _looks_like_path(model):
-            raise InferenceError(
-                f"model directory {model!r} does not exist; give a diffusers pipeline directory (with "
-                f"model_index.json), a hub id, or one of the built-in models: {', '.join(TINY_MODELS)}"
-            )
-        if os.path.exists(source) and not os.path.isfile(os.path.join(source, "model_index.json")):
-            raise InferenceError(
-                f"{model!r} is not a diffusers pipeline directory (no model_index.json in it); save one with "
-                "pipe.save_pretrained(DIR)"
-            )
+        source = plan.source
         pipe = _from_pretrained(source, model, _offline() or os.path.isdir(source), dtype)
-    kind = _kind(pipe)
+    limits = _limits(pipe, model)
     pipe.to(device)
     if text_encoder_device is not None:
-        if kind != "text-to-image":
+        if limits.kind != TEXT_TO_IMAGE:
             raise InferenceError(f"--text-encoder-device: {model!r} is class-conditional and has no text encoder")
         pipe.text_encoder.to(device=text_encoder_device, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=not progress_bar)
-    return LoadedPipeline(pipe, model, source, kind, device, dtype, random_weights, text_encoder_device)
+    return LoadedPipeline(
+        pipe,
+        model,
+        source,
+        limits.kind,
+        device,
+        dtype,
+        plan.builtin,
+        limits,
+        text_encoder_device,
+        disk_cache=cache.root is not None,
+    )

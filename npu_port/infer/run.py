@@ -1,5 +1,9 @@
 """One image, measured: time of the first step (set-up, encoding and first-call costs) apart from the steady steps,
-the total, and peak memory — with the attention strategy applied for the run and restored afterwards."""
+the total, and peak memory — with the attention strategy applied for the run and restored afterwards.
+
+An image with NaN or inf in it is reported as not finite (:attr:`GenerationResult.finite`): callers fail closed on
+it rather than save a black picture as if it were a result.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +18,8 @@ import torch
 
 from .. import device as devices
 from ..errors import InferenceError
+from .deadline import Deadline
 from .models import LoadedPipeline
-
-#: Bounds that keep one request from running the machine out of memory or time (the demo enforces them too).
-MAX_STEPS = 200
-MAX_SIDE = 2048
 
 
 @dataclass
@@ -56,8 +57,19 @@ class GenerationResult:
     def median_step_s(self) -> Optional[float]:
         return float(np.median(self.step_s)) if self.step_s else None
 
+    @property
+    def non_finite(self) -> int:
+        """How many of the image's values are NaN or inf (0 for a usable image)."""
+        return int(self.image.size - np.count_nonzero(np.isfinite(self.image)))
+
+    @property
+    def finite(self) -> bool:
+        return self.non_finite == 0
+
     def as_dict(self) -> Dict[str, Any]:
         return {
+            "finite": self.finite,
+            "non_finite_values": self.non_finite,
             "strategy": {
                 "requested": self.strategy_requested,
                 "resolved": self.strategy_resolved,
@@ -75,27 +87,9 @@ class GenerationResult:
 
 
 def check_request(loaded: LoadedPipeline, request: GenerationRequest) -> None:
-    """Refuse what the pipeline cannot do, with the valid range, before any work starts."""
-    if not 1 <= request.steps <= MAX_STEPS:
-        raise InferenceError(f"steps must be between 1 and {MAX_STEPS}, got {request.steps}")
-    factor = loaded.vae_scale_factor
-    for name in ("height", "width"):
-        value = getattr(request, name)
-        if value is None:
-            continue
-        if loaded.native_size is not None and value != loaded.native_size:
-            raise InferenceError(
-                f"{name} {value}: this class-conditional DiT makes {loaded.native_size}x{loaded.native_size} images "
-                "only (its transformer's sample size fixes it); leave --height/--width out"
-            )
-        if not factor <= value <= MAX_SIDE or value % factor:
-            raise InferenceError(
-                f"{name} must be a multiple of {factor} between {factor} and {MAX_SIDE} for this model, got {value}"
-            )
-    if loaded.kind == "class-conditional":
-        classes = int(loaded.pipe.transformer.config.num_embeds_ada_norm or 0)
-        if classes and not 0 <= request.class_label < classes:
-            raise InferenceError(f"class must be between 0 and {classes - 1} for this model, got {request.class_label}")
+    """Refuse what the pipeline cannot do, with the valid range, before any work starts (its
+    :class:`~npu_port.infer.limits.ModelLimits`)."""
+    loaded.limits.check(request)
 
 
 def _peak_memory(device: torch.device) -> Dict[str, Any]:
@@ -110,9 +104,11 @@ class _StepClock:
     """Timestamps the end of every denoising step by wrapping the scheduler's ``step`` (one call per step in every
     diffusers pipeline), synchronising the device first so that the time is the work's, not the launch's."""
 
-    def __init__(self, pipe: Any, device: torch.device):
+    def __init__(self, pipe: Any, device: torch.device, deadline: Optional[Deadline], request: GenerationRequest):
         self.scheduler = pipe.scheduler
         self.device = device
+        self.deadline = deadline
+        self.request = request
         self.ends: List[float] = []
 
     def __enter__(self) -> "_StepClock":
@@ -122,6 +118,8 @@ class _StepClock:
             out = step(*args, **kwargs)
             devices.synchronize(self.device)
             self.ends.append(time.perf_counter())
+            if self.deadline is not None:
+                self.deadline.check(len(self.ends), self.request.steps, self.request.strategy)
             return out
 
         self.scheduler.step = timed_step
@@ -168,20 +166,27 @@ def _set_vae_switches(vae: Any, request: GenerationRequest) -> None:
         vae.disable_tiling()
 
 
-def generate(loaded: LoadedPipeline, request: GenerationRequest) -> GenerationResult:
-    """Generate one image under ``request.strategy``; the strategy is restored afterwards, whatever happens."""
+def generate(
+    loaded: LoadedPipeline, request: GenerationRequest, *, deadline: Optional[Deadline] = None
+) -> GenerationResult:
+    """Generate one image under ``request.strategy``; the strategy is restored afterwards, whatever happens.
+
+    ``deadline``: stop (:class:`~npu_port.infer.deadline.RequestTimeout`) at the first step boundary past it.
+    """
     import npu_port
 
     check_request(loaded, request)
     pipe = loaded.pipe
     _set_vae_switches(pipe.vae, request)  # both ways: the pipeline is reused across requests (the demo)
-    handle = npu_port.set_attention_strategy(request.strategy, target=pipe)
+    # no writable cache folder: auto keeps its decisions in memory instead of trying the disk at every new shape
+    overrides = {} if loaded.disk_cache else {"cache": False}
+    handle = npu_port.set_attention_strategy(request.strategy, target=pipe, **overrides)
     try:
         devices.synchronize(loaded.device)
         if loaded.device.type != "cpu":
             devices.reset_peak_memory_stats(loaded.device)
         start = time.perf_counter()
-        with _StepClock(pipe, loaded.device) as clock, torch.no_grad():
+        with _StepClock(pipe, loaded.device, deadline, request) as clock, torch.no_grad():
             generator = torch.Generator("cpu").manual_seed(request.seed)  # same start on every device
             output = pipe(**_call_arguments(loaded, request, generator))
         devices.synchronize(loaded.device)

@@ -1,0 +1,89 @@
+"""Writing a run's image(s) and report as one consistent set.
+
+Each file is written atomically (:mod:`npu_port.atomic`: a unique temporary name, then one rename), but a set of
+files needs more: two runs with the same ``--output`` could otherwise leave one run's image beside the other's
+report. So the set is written under an advisory lock (``fcntl.flock`` on a lock file beside the image; nothing
+where ``fcntl`` is missing) — the last run to take it writes its whole set — and the report records each image's
+sha256, so anyone can check that the pair belongs together. Ctrl-C while the set is being written is held back
+until the set is complete: a set is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import signal
+import threading
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import numpy as np
+
+from ..atomic import write_bytes, write_json
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no advisory lock; each file is still atomic
+    fcntl = None  # type: ignore[assignment]
+
+
+def encode_image(image: np.ndarray, path: Path) -> bytes:
+    """The (H, W, 3) image in [0, 1] encoded in the format ``path``'s extension names
+    (:func:`~npu_port.infer.paths.image_formats`)."""
+    from .paths import image_formats
+    from .run import to_pil
+
+    buffer = io.BytesIO()
+    to_pil(image).save(buffer, format=image_formats()[path.suffix.lower()])
+    return buffer.getvalue()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@contextlib.contextmanager
+def output_lock(lock: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``lock`` (created if missing, and left in place: removing a lock file
+    while another process waits on it would let a third one in)."""
+    if fcntl is None:  # pragma: no cover
+        yield
+        return
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back for the block and raise it after: the block is not cut half way. Only in the main
+    thread (where Python runs signal handlers); elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: List[Any] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def write_set(
+    images: Dict[Path, bytes], report_path: Path, report: Dict[str, Any], lock: Path, written: List[Path]
+) -> None:
+    """Write ``images`` (path -> encoded bytes) and then the report, together, under ``lock``; ``written`` gets each
+    path as it is written (a Ctrl-C held back meanwhile is raised after the last one)."""
+    with output_lock(lock), interrupts_held():
+        for path, data in images.items():
+            write_bytes(path, data)
+            written.append(path)
+        write_json(report_path, report)
+        written.append(report_path)
