@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,7 +27,10 @@ from npu_port.demo import app
 from npu_port.errors import InferenceError
 from npu_port.infer import GenerationRequest, compare_strategies, generate, load_pipeline
 from npu_port.infer.compare import Comparison
-from npu_port.infer.run import MAX_SIDE, MAX_STEPS, check_request
+from npu_port.infer.limits import MAX_SEED
+from npu_port.infer.run import check_request
+
+from . import nan_attention
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gradio_demo_npu.py"
@@ -166,8 +170,8 @@ def test_make_request_from_the_text_to_image_form(tiny):
 
 @pytest.mark.parametrize(
     "fields",
-    [{"height": 4096}, {"height": 63}, {"width": 0}, {"steps": 0}, {"steps": MAX_STEPS + 1}],
-    ids=["height-4096", "height-odd", "width-0", "steps-0", "steps-too-many"],
+    [{"height": 4096}, {"height": 256}, {"height": 63}, {"width": 0}, {"steps": 0}, {"steps": 51}],
+    ids=["height-4096", "height-256", "height-odd", "width-0", "steps-0", "steps-too-many"],
 )
 def test_out_of_range_requests_get_check_requests_own_message(tiny, fields):
     with pytest.raises(InferenceError) as caught:
@@ -176,20 +180,43 @@ def test_out_of_range_requests_get_check_requests_own_message(tiny, fields):
 
 
 def test_the_demos_tighter_bounds_use_the_same_wording(tiny):
-    bounds = {"max_side": 128, "max_steps": 20}
+    bounds = {"max_side": 64, "max_steps": 20}
     with pytest.raises(
-        InferenceError, match=r"^height must be a multiple of 2 between 2 and 128 for this model, got 256$"
+        InferenceError, match=r"^height must be a multiple of 2 between 2 and 64 for this model, got 128$"
     ):
-        app.make_request(tiny, choices=CHOICES, **form(height=256), **bounds)
+        app.make_request(tiny, choices=CHOICES, **form(height=128), **bounds)
     with pytest.raises(InferenceError, match=r"^steps must be between 1 and 20, got 21$"):
         app.make_request(tiny, choices=CHOICES, **form(steps=21), **bounds)
-    assert app.make_request(tiny, choices=CHOICES, **form(height=128, steps=20), **bounds).steps == 20
+    assert app.make_request(tiny, choices=CHOICES, **form(height=64, steps=20), **bounds).steps == 20
+
+
+def test_the_tiny_models_limits_keep_a_request_cheap_and_the_flags_only_lower_them(tiny, tiny_dit):
+    # a 2048x2048 request to the tiny model would be a million-token attention: its limit is 128 px and 50 steps
+    assert (tiny.limits.max_side, tiny.limits.max_steps) == (128, 50)
+    assert (tiny_dit.limits.native_size, tiny_dit.limits.max_steps) == (16, 200)
+    for fields, message in (
+        ({"height": 2048}, r"^height must be a multiple of 2 between 2 and 128 for this model, got 2048$"),
+        ({"steps": 200}, r"^steps must be between 1 and 50, got 200$"),
+    ):
+        with pytest.raises(InferenceError, match=message):
+            app.make_request(tiny, choices=CHOICES, **form(**fields))
+    assert app.make_request(tiny, choices=CHOICES, **form(height=128, width=128, steps=50)).height == 128
+    with pytest.raises(
+        InferenceError, match=r"^--max-side must be between 2 and 128 for this model \(built-in tiny model\), got 256$"
+    ):
+        app.make_request(tiny, choices=CHOICES, **form(), max_side=256)
+    with pytest.raises(
+        InferenceError, match=r"^--max-steps must be between 1 and 50 for this model \(built-in tiny model\), got 51$"
+    ):
+        app.demo_limits(tiny, max_steps=51)
+    assert app.demo_limits(tiny, max_side=96, max_steps=5) == dataclasses.replace(tiny.limits, max_side=96, max_steps=5)
 
 
 @pytest.mark.parametrize(
     "fields, message",
     [
         ({"seed": -1}, rf"^seed must be between 0 and {2**63 - 1}, got -1$"),
+        ({"seed": 2**70}, rf"^seed must be between 0 and {MAX_SEED}, got {2**70}$"),
         ({"guidance_scale": 31}, r"^guidance scale must be between 0 and 30, got 31$"),
         ({"prompt": "x" * 2001}, r"^prompt is 2001 characters long; at most 2000$"),
         ({"strategy": "flash"}, r"^strategy 'flash' cannot run here"),
@@ -220,8 +247,9 @@ def test_class_conditional_requests(tiny_dit):
 def test_header_names_the_device_and_dtype_and_warns_about_random_weights(tiny):
     line = app.device_line(tiny)
     assert line.startswith("cpu: ") and line.endswith(f"({torch.get_num_threads()} threads), float32")
-    header = app.header_markdown(tiny, max_side=1024, max_steps=50)
-    assert "`tiny` (text-to-image; sides up to 1024; up to 50 steps)" in header and "queue" in header
+    header = app.header_markdown(tiny, app.demo_limits(tiny, max_side=96, max_steps=20), request_timeout=45)
+    assert "`tiny` (text-to-image; sides up to 96; up to 20 steps)" in header and "queue" in header
+    assert header.endswith("a request stops after 45 s")
     assert "Random weights" in app.random_weights_note(tiny)
     assert app.random_weights_note(dataclasses.replace(tiny, random_weights=False)) is None
     assert app.default_size(tiny) == 64
@@ -290,12 +318,14 @@ def test_build_demo_shows_the_inputs_of_the_loaded_model(tiny, tiny_dit):
 
 def test_build_demo_refuses_bad_bounds_and_strategies(tiny):
     pytest.importorskip("gradio")
-    with pytest.raises(InferenceError, match=rf"^max side must be between 2 and {MAX_SIDE}, got 4096$"):
+    with pytest.raises(InferenceError, match=r"^--max-side must be between 2 and 128 for this model \(built-in tiny"):
         app.build_demo(tiny, max_side=4096, choices=CHOICES)
-    with pytest.raises(InferenceError, match=rf"^max steps must be between 1 and {MAX_STEPS}, got 0$"):
+    with pytest.raises(InferenceError, match=r"^--max-steps must be between 1 and 50 for this model \(built-in tiny"):
         app.build_demo(tiny, max_steps=0, choices=CHOICES)
     with pytest.raises(InferenceError, match="unknown strategy 'nope'"):
         app.build_demo(tiny, strategy="nope", choices=CHOICES)
+    with pytest.raises(InferenceError, match=r"^request timeout must be a finite number of seconds > 0, got 0$"):
+        app.build_demo(tiny, request_timeout=0, choices=CHOICES)
 
 
 def test_the_script_queues_one_request_at_a_time_for_generate_and_compare(models_dir, monkeypatch):
@@ -337,6 +367,83 @@ def test_the_script_refuses_an_unknown_strategy_before_loading(monkeypatch, caps
     out = capsys.readouterr()
     assert out.err.startswith("gradio_demo_npu: unknown strategy 'nope'; choose one of: auto, ")
     assert "loading" not in out.out
+
+
+def _handlers(demo):
+    """The functions behind the page's events, by api name (what the queue calls for a click)."""
+    functions = list(demo.fns.values()) if isinstance(demo.fns, dict) else list(demo.fns)
+    return {f.api_name: f.fn for f in functions}
+
+
+def _values(**overrides):
+    """The text-to-image form's values in the order the page sends them."""
+    values = form(**overrides)
+    return [values[name] for name in ("prompt", "negative_prompt", "steps", "seed", "height", "width")] + [
+        values["guidance_scale"],
+        values["strategy"],
+    ]
+
+
+def test_a_request_over_the_time_limit_stops_with_a_message_and_frees_the_slot(tiny):
+    pytest.importorskip("gradio")
+    handlers = _handlers(app.build_demo(tiny, choices=CHOICES, request_timeout=1e-3))
+    before = {name: type(p) for name, p in tiny.pipe.unet.attn_processors.items()}
+    stopped = re.compile(
+        r"^✘ \*\*Stopped:\*\* the request ran past its time limit of 0\.001 s and was stopped \(after \d+\.\d s, at "
+        r"step 1 of 50 under strategy 'vanilla'\); ask for fewer steps or a smaller image$"
+    )
+    request = _values(steps=50, strategy="vanilla")
+    for _ in range(2):  # the second request runs at once: the first one's slot (and lock) was given back
+        started = time.monotonic()
+        done = []
+        worker = threading.Thread(target=lambda out: out.append(handlers["generate"](*request)), args=(done,))
+        worker.start()
+        worker.join(timeout=60)
+        assert done, "the request was not stopped"
+        image, info, _ = done[0]
+        assert image is None and stopped.match(info), info
+        assert time.monotonic() - started < 30  # stopped after one step, not after 50
+    gallery, info = handlers["compare"](*_values(steps=50), ["vanilla", "sdpa"])
+    assert gallery == [] and info.startswith("✘ **Stopped:** the request ran past its time limit of 0.001 s")
+    assert {name: type(p) for name, p in tiny.pipe.unet.attn_processors.items()} == before  # strategy restored
+    # a limit the request stays within changes nothing
+    image, info, _ = _handlers(app.build_demo(tiny, choices=CHOICES, request_timeout=600))["generate"](*_values())
+    assert image.size == (64, 64) and "resolved **`sdpa`**" in info
+
+
+def test_a_non_finite_image_is_shown_as_a_failure_not_as_a_picture(tiny):
+    pytest.importorskip("gradio")
+    with nan_attention.nan_strategy() as name:
+        choices = app.StrategyChoices(["vanilla", name])
+        handlers = _handlers(app.build_demo(tiny, choices=choices, strategy=name))
+        image, info, _ = handlers["generate"](*_values(strategy=name))
+        assert image is None
+        assert info == (
+            f"✘ **Failed:** the image under strategy `{name}` (resolved `{name}`) is not finite: {64 * 64 * 3} of "
+            f"{64 * 64 * 3} values are NaN or inf"
+        )
+        gallery, info = handlers["compare"](*_values(strategy=name), ["vanilla", name])
+    assert [caption.split(" → ")[0] for _, caption in gallery] == ["vanilla"]  # the NaN image is left out
+    assert info.startswith(f"**✘ DIVERGED output not finite (NaN or inf): {name}**")
+    assert f"| {name} | {name} |" in info and "| not finite | - |" in info
+
+
+def test_the_script_checks_its_limits_and_timeout_before_loading(monkeypatch, capsys):
+    pytest.importorskip("gradio")
+    from npu_port.demo.__main__ import main
+
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
+    for arguments, message in (
+        (["--max-side", "4096"], "--max-side must be between 2 and 128 for this model (built-in tiny model), got 4096"),
+        (["--model", "tiny-dit", "--max-steps", "500"], "--max-steps must be between 1 and 200 for this model"),
+        (["--request-timeout", "0"], "--request-timeout must be a finite number of seconds > 0, got 0"),
+        (["--request-timeout", "nan"], "--request-timeout must be a finite number of seconds > 0, got nan"),
+    ):
+        assert main(arguments) == 2
+        out = capsys.readouterr()
+        assert out.err.startswith(f"gradio_demo_npu: {message}") and out.err.count("\n") == 1, out.err
+        assert "loading" not in out.out
+    assert not (Path(os.environ["NPU_PORT_CACHE_DIR"]) / "models").exists()
 
 
 # ------------------------------------------------------------------------------------------- in a real browser
@@ -508,3 +615,17 @@ def test_browser_compare_needs_two_strategies(page):
         "pick at least two strategies to compare (got 1: vanilla)", timeout=30_000
     )
     expect(page.locator("#gallery img")).to_have_count(0)
+
+
+def test_the_server_refuses_uploads_over_a_few_bytes(server):
+    """The demo has no file input, but Gradio's upload endpoint exists on every app: it must not take big files."""
+    import httpx
+
+    url = server.rstrip("/") + "/gradio_api/upload"
+    small = httpx.post(url, files={"files": ("small.txt", b"x" * 100, "text/plain")}, timeout=30)
+    assert small.status_code == 200, small.text  # the endpoint works: it is the size that is refused below
+    large = httpx.post(url, files={"files": ("large.bin", b"x" * 65536, "application/octet-stream")}, timeout=30)
+    assert large.status_code == 413, large.text
+    assert large.text == f"File size exceeded maximum allowed size of {app.MAX_UPLOAD_BYTES} bytes."
+    just_over = httpx.post(url, files={"files": ("over.txt", b"x" * (app.MAX_UPLOAD_BYTES + 1), "text/plain")})
+    assert just_over.status_code == 413

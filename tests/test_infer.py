@@ -28,6 +28,8 @@ from npu_port.errors import InferenceError
 from npu_port.infer import TINY_MODELS, GenerationRequest, compare_strategies, generate, load_pipeline
 from npu_port.infer.models import tiny_model_dir
 
+from . import nan_attention
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -224,25 +226,8 @@ def test_the_cli_offers_the_dtypes_the_loader_knows():
 
 @pytest.fixture
 def nan_strategy():
-    """A registered strategy whose attention kernel returns NaN everywhere: what a broken port does."""
-    import npu_port
-    from npu_port.attn import registry
-
-    class NanKernel(npu_port.Kernel):
-        name = "test_nan_attention"
-        summary = "the math kernel's output times NaN (test)"
-
-        def run(self, call):
-            return npu_port.get_kernel("math").run(call) * float("nan")
-
-    npu_port.register_kernel(NanKernel)
-    npu_port.register_strategy("test-nan", kernel="test_nan_attention", description="NaN attention (test)")
-    try:
-        yield "test-nan"
-    finally:
-        npu_port.unregister_strategy("test-nan")
-        registry._KERNELS.pop("test_nan_attention", None)
-        registry._DEFAULTS.pop("test_nan_attention", None)
+    with nan_attention.nan_strategy() as name:
+        yield name
 
 
 def test_compare_with_a_strategy_that_returns_nan_diverges(model_cache, tmp_path, capsys, nan_strategy):
@@ -487,10 +472,10 @@ def test_three_runs_with_the_same_output_leave_one_consistent_pair(model_cache, 
     for run in runs:
         out, err = run.communicate(timeout=300)
         assert run.returncode == 0, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.png.lock", "out.json", "out.png"]  # no temporaries
     data = report(tmp_path)
     image = (tmp_path / "out.png").read_bytes()
     assert data["image_sha256"] == hashlib.sha256(image).hexdigest()  # the image is the report's run's
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.png.lock", "out.json", "out.png"]  # no temporaries
 
 
 def test_the_three_seeds_of_the_race_make_different_images(model_cache):
@@ -551,8 +536,8 @@ def test_the_deadline_stops_a_request_between_steps_and_restores_the_strategy(mo
     with pytest.raises(RequestTimeout) as caught:
         generate(loaded, GenerationRequest(steps=20, strategy="sdpa"), deadline=Deadline(1e-4))
     assert re.fullmatch(
-        r"stopped: the request ran past its time limit of 0\.0001 s \(after \d+\.\d s, at step 1 of 20 under strategy "
-        r"'sdpa'\); ask for fewer steps or a smaller image",
+        r"the request ran past its time limit of 0\.0001 s and was stopped \(after \d+\.\d s, at step 1 of 20 under "
+        r"strategy 'sdpa'\); ask for fewer steps or a smaller image",
         str(caught.value),
     )
     assert {name: type(p) for name, p in loaded.pipe.unet.attn_processors.items()} == before

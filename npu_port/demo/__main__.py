@@ -2,11 +2,14 @@
 
     python scripts/gradio_demo_npu.py                       # tiny model (random weights), http://127.0.0.1:7860
     python scripts/gradio_demo_npu.py --model ./sd-pipeline --dtype float16 --strategy sdpa
-    python scripts/gradio_demo_npu.py --host 0.0.0.0 --port 0 --max-side 1024 --max-steps 50
+    python scripts/gradio_demo_npu.py --host 0.0.0.0 --port 0 --max-side 1024 --max-steps 50 --request-timeout 60
 
 The model is loaded once, at start. Requests go through a queue with one slot: users wait in turn and never run the
-model in parallel on the one device. Exit code 2 with one line for bad input (gradio missing, an unknown strategy,
-a model that cannot be loaded, a port in use).
+model in parallel on the one device. What one request may cost is bounded: the model's size and steps limits (the
+same as ``npu-port infer``'s; ``--max-side`` / ``--max-steps`` can only lower them), a time limit per request
+(``--request-timeout``), and uploads of at most ``MAX_UPLOAD_BYTES`` (the demo takes no files). Exit code 2 with one
+line for bad input (gradio missing, an unknown strategy, a limit the model does not allow, a model that cannot be
+loaded, a port in use).
 """
 
 from __future__ import annotations
@@ -17,13 +20,12 @@ import socket
 import sys
 from typing import Any, List, Optional
 
-from ..infer.run import MAX_SIDE, MAX_STEPS
-
 PROG = "gradio_demo_npu"
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     from ..infer.models import DTYPES
+    from .app import DEFAULT_REQUEST_TIMEOUT
 
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -40,8 +42,19 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: all)")
     parser.add_argument("--port", type=int, default=7860, help="port (default 7860; 0: any free port)")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
-    parser.add_argument("--max-side", type=int, default=MAX_SIDE, help=f"largest height/width (default {MAX_SIDE})")
-    parser.add_argument("--max-steps", type=int, default=MAX_STEPS, help=f"most steps (default {MAX_STEPS})")
+    parser.add_argument(
+        "--max-side", type=int, default=None, help="largest height/width (default and upper bound: the model's limit)"
+    )
+    parser.add_argument(
+        "--max-steps", type=int, default=None, help="most steps (default and upper bound: the model's limit)"
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT,
+        metavar="SECONDS",
+        help=f"stop a request (a Generate or a whole Compare) that runs longer (default {DEFAULT_REQUEST_TIMEOUT:g})",
+    )
     return parser.parse_args(argv)
 
 
@@ -56,11 +69,17 @@ def prepare(args: argparse.Namespace) -> Any:
     """Load the model once and build the queued demo (not launched)."""
     from ..device import device_name, get_device
     from ..infer import load_pipeline
-    from ..infer.models import resolve_dtype
+    from ..infer.deadline import check_timeout
+    from ..infer.models import describe_model, resolve_dtype
     from .app import build_demo, check_strategy, strategy_choices
 
+    # everything that can be checked is checked before the (possibly long) model load
+    check_timeout(args.request_timeout, "--request-timeout")
+    model = describe_model(args.model)
+    if model.limits is not None:  # a hub id's limits are known once it is loaded (build_demo checks them then)
+        model.limits.lowered(max_side=args.max_side, max_steps=args.max_steps)
     choices = strategy_choices()
-    check_strategy(args.strategy, choices)  # before the (possibly long) model load
+    check_strategy(args.strategy, choices)
     device = get_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     print(
@@ -74,14 +93,21 @@ def prepare(args: argparse.Namespace) -> Any:
         progress_bar=False,
         on_build=lambda message: print(f"{PROG}: {message}", file=sys.stderr, flush=True),
     )
-    demo = build_demo(loaded, max_side=args.max_side, max_steps=args.max_steps, strategy=args.strategy, choices=choices)
+    demo = build_demo(
+        loaded,
+        max_side=args.max_side,
+        max_steps=args.max_steps,
+        strategy=args.strategy,
+        choices=choices,
+        request_timeout=args.request_timeout,
+    )
     demo.queue(default_concurrency_limit=1)  # concurrent users wait; the model never runs twice at once
     return demo
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     from ..errors import NpuPortError
-    from .app import require_gradio
+    from .app import MAX_UPLOAD_BYTES, require_gradio
 
     args = parse_args(argv)
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no usage reports from a lab machine by default
@@ -94,7 +120,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     port = args.port or free_port(args.host)
     try:
         _, local_url, share_url = demo.launch(
-            server_name=args.host, server_port=port, share=args.share, prevent_thread_lock=True, quiet=True
+            server_name=args.host,
+            server_port=port,
+            share=args.share,
+            prevent_thread_lock=True,
+            quiet=True,
+            max_file_size=MAX_UPLOAD_BYTES,  # the demo takes no files: refuse uploads beyond a few bytes
         )
     except OSError as exc:
         print(f"{PROG}: cannot listen on {args.host}:{port}: {exc} (try --port 0 for any free port)", file=sys.stderr)

@@ -3,8 +3,10 @@
 The helpers (the strategy list, turning form values into a checked :class:`~npu_port.infer.GenerationRequest`,
 formatting timings and comparisons) import no gradio, so tests call them without a browser. :func:`build_demo`
 imports gradio and wires them to components. Out-of-range input never reaches the model: the request is checked
-first (the demo's own bounds, then :func:`~npu_port.infer.run.check_request`, whose messages are shown as they are),
-and the message appears under the image.
+first against the model's limits (:class:`~npu_port.infer.limits.ModelLimits`, the same ones ``npu-port infer``
+uses, lowered by ``--max-side`` / ``--max-steps``), and the message appears under the image. Cost is bounded too:
+each request runs under a time limit (``--request-timeout``) and stops at the next denoising step past it, freeing
+the single queue slot; the server refuses uploads over a few bytes (the demo takes no files).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import InferenceError, NpuPortError
-from ..infer.run import MAX_SIDE, MAX_STEPS, GenerationRequest, check_request
+from ..infer.deadline import RequestTimeout
+from ..infer.limits import ModelLimits
+from ..infer.run import GenerationRequest
 
 #: What a comparison starts with (those of them that can run here).
 DEFAULT_COMPARE = ("vanilla", "sdpa", "auto")
@@ -26,7 +30,11 @@ DEFAULT_COMPARE = ("vanilla", "sdpa", "auto")
 REFERENCE = "vanilla"
 MAX_PROMPT_CHARS = 2000
 MAX_GUIDANCE = 30.0
-MAX_SEED = 2**63 - 1
+#: Seconds one request (a Generate, or a whole Compare) may run before it is stopped (``--request-timeout``).
+DEFAULT_REQUEST_TIMEOUT = 300.0
+#: Largest upload the server accepts (Gradio's ``max_file_size``): the demo has no file input, so any upload is
+#: someone else's; a few bytes keep the endpoint from storing anything sizeable.
+MAX_UPLOAD_BYTES = 1024
 #: One slot for the model: Generate and Compare share it, so they never run at the same time on the one device.
 CONCURRENCY_ID = "model"
 
@@ -148,20 +156,10 @@ def default_size(loaded: Any) -> int:
     return 512
 
 
-def check_demo_bounds(loaded: Any, request: GenerationRequest, *, max_side: int, max_steps: int) -> None:
-    """The demo's own bounds (as tight as or tighter than the library's), worded as ``check_request`` words them,
-    then ``check_request`` itself."""
-    if not 1 <= request.steps <= max_steps:
-        raise InferenceError(f"steps must be between 1 and {max_steps}, got {request.steps}")
-    if loaded.native_size is None:  # a DiT's one size is checked, with its own message, by check_request
-        factor = loaded.vae_scale_factor
-        for name in ("height", "width"):
-            value = getattr(request, name)
-            if value is not None and (not factor <= value <= max_side or value % factor):
-                raise InferenceError(
-                    f"{name} must be a multiple of {factor} between {factor} and {max_side} for this model, got {value}"
-                )
-    check_request(loaded, request)
+def demo_limits(loaded: Any, *, max_side: Optional[int] = None, max_steps: Optional[int] = None) -> ModelLimits:
+    """The model's limits (``npu_port.infer.limits``), lowered by the demo's ``--max-side`` / ``--max-steps``:
+    those can only lower them."""
+    return loaded.limits.lowered(max_side=max_side, max_steps=max_steps)
 
 
 def make_request(
@@ -177,8 +175,8 @@ def make_request(
     height: Any = None,
     width: Any = None,
     guidance_scale: Any = 4.0,
-    max_side: int = MAX_SIDE,
-    max_steps: int = MAX_STEPS,
+    max_side: Optional[int] = None,
+    max_steps: Optional[int] = None,
 ) -> GenerationRequest:
     """Form values to a request the model may run, or :class:`InferenceError` with the message to show."""
     strategy = check_strategy(strategy, choices)
@@ -188,8 +186,6 @@ def make_request(
         seed=whole_number("seed", seed),
         strategy=strategy,
     )
-    if not 0 <= request.seed <= MAX_SEED:
-        raise InferenceError(f"seed must be between 0 and {MAX_SEED}, got {request.seed}")
     try:
         request.guidance_scale = float(defaults.guidance_scale if guidance_scale is None else guidance_scale)
     except (TypeError, ValueError):
@@ -206,7 +202,7 @@ def make_request(
                 raise InferenceError(f"{name} is {len(text)} characters long; at most {MAX_PROMPT_CHARS}")
         request.height = whole_number("height", height, optional=True)
         request.width = whole_number("width", width, optional=True)
-    check_demo_bounds(loaded, request, max_side=max_side, max_steps=max_steps)
+    demo_limits(loaded, max_side=max_side, max_steps=max_steps).check(request)  # the seed's range too
     return request
 
 
@@ -227,15 +223,16 @@ def device_line(loaded: Any) -> str:
     return f"{device_name(loaded.device)}, {str(loaded.dtype).replace('torch.', '')}"
 
 
-def header_markdown(loaded: Any, *, max_side: int, max_steps: int) -> str:
-    if loaded.kind == "class-conditional":
-        size = f"{loaded.native_size}×{loaded.native_size} images only"
+def header_markdown(loaded: Any, limits: ModelLimits, *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> str:
+    if limits.native_size is not None:
+        size = f"{limits.native_size}×{limits.native_size} images only"
     else:
-        size = f"sides up to {max_side}"
+        size = f"sides up to {limits.max_side}"
     return (
         "## npu-port demo\n"
         f"**Device:** {markdown_escape(device_line(loaded))} · **model:** `{loaded.model}` ({loaded.kind}; {size}; "
-        f"up to {max_steps} steps) · one request runs at a time, others wait in the queue"
+        f"up to {limits.max_steps} steps) · one request runs at a time, others wait in the queue · a request "
+        f"stops after {request_timeout:g} s"
     )
 
 
@@ -282,10 +279,14 @@ def format_result(result: Any) -> str:
 
 
 def error_markdown(exc: BaseException, *, refused: bool = True) -> str:
-    """An error as the page shows it: the message whole (its first line in bold), nothing run when ``refused``."""
+    """An error as the page shows it: the message whole (its first line in bold), nothing run when ``refused``;
+    a request stopped by its time limit is "Stopped"."""
     text = str(exc).strip() or type(exc).__name__
     first, _, rest = text.partition("\n")
-    head = "Not run" if refused else f"Failed ({type(exc).__name__})"
+    if isinstance(exc, RequestTimeout):
+        head = "Stopped"
+    else:
+        head = "Not run" if refused else f"Failed ({type(exc).__name__})"
     out = f"✘ **{head}:** {markdown_escape(first)}"
     if rest.strip():
         out += "\n\n```\n" + rest.strip("\n") + "\n```"
@@ -301,23 +302,32 @@ def comparison_rows(comparison: Any) -> List[List[str]]:
     for name, result in comparison.results.items():
         steady = result.median_step_s
         psnr = comparison.psnr_db[name]
+        diff = comparison.max_abs_diff[name]
         rows.append(
             [
                 name,
                 result.strategy_resolved,
                 _seconds(result.total_s),
                 f"{steady * 1e3:.1f} ms" if steady is not None else "-",
-                f"{comparison.max_abs_diff[name]:.2e}",
-                "inf" if math.isinf(psnr) else f"{psnr:.1f} dB",
+                "not finite" if not result.finite else (f"{diff:.2e}" if math.isfinite(diff) else "-"),
+                "inf" if math.isinf(psnr) else ("-" if math.isnan(psnr) else f"{psnr:.1f} dB"),
             ]
         )
     return rows
 
 
 def verdict(comparison: Any) -> str:
-    """The verdict line of :meth:`Comparison.format` ("all within ..." or "DIVERGED beyond ..."), with a mark."""
-    line = comparison.format().splitlines()[-1]
-    return ("✘ " if comparison.diverged else "✔ ") + line
+    """The comparison's verdict line ("all within ..." or "DIVERGED ..."), with a mark."""
+    return ("✘ " if comparison.diverged else "✔ ") + comparison.verdict()
+
+
+def not_finite_markdown(result: Any) -> str:
+    """What Generate shows instead of an image with NaN or inf in it (saved, it would look like a black picture)."""
+    return (
+        f"✘ **Failed:** the image under strategy `{markdown_escape(result.strategy_requested)}` (resolved "
+        f"`{markdown_escape(result.strategy_resolved)}`) is not finite: {result.non_finite} of {result.image.size} "
+        "values are NaN or inf"
+    )
 
 
 def format_comparison(comparison: Any) -> str:
@@ -344,6 +354,8 @@ def gallery_items(comparison: Any) -> List[Tuple[Any, str]]:
 
     items = []
     for name, result in comparison.results.items():
+        if not result.finite:  # left out: the table and the verdict say why
+            continue
         caption = (
             f"{name} → {result.strategy_resolved} · {result.total_s:.2f} s · "
             f"max|diff| {comparison.max_abs_diff[name]:.1e}"
@@ -363,25 +375,26 @@ def _accepts(component: Any, argument: str) -> bool:
 def build_demo(
     loaded: Any,
     *,
-    max_side: int = MAX_SIDE,
-    max_steps: int = MAX_STEPS,
+    max_side: Optional[int] = None,
+    max_steps: Optional[int] = None,
     strategy: str = "auto",
     choices: Optional[StrategyChoices] = None,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
 ) -> Any:
     """The demo for one loaded pipeline, as a ``gr.Blocks`` (not queued or launched: the caller does both).
 
-    ``max_side`` / ``max_steps`` bound requests (at most the library's ``MAX_SIDE`` / ``MAX_STEPS``); ``strategy``
-    is the dropdown's initial choice.
+    ``max_side`` / ``max_steps`` lower the model's limits (:func:`demo_limits`; None: the model's own);
+    ``strategy`` is the dropdown's initial choice; ``request_timeout`` stops a request that runs longer (seconds,
+    counted from when it starts running, not while it waits in the queue).
     """
     gr = require_gradio()
-    from ..infer import compare_strategies, generate
+    from ..infer import Deadline, compare_strategies, generate
+    from ..infer.deadline import check_timeout
     from ..infer.run import to_pil
 
-    factor = loaded.vae_scale_factor
-    if not factor <= max_side <= MAX_SIDE:
-        raise InferenceError(f"max side must be between {factor} and {MAX_SIDE}, got {max_side}")
-    if not 1 <= max_steps <= MAX_STEPS:
-        raise InferenceError(f"max steps must be between 1 and {MAX_STEPS}, got {max_steps}")
+    limits = demo_limits(loaded, max_side=max_side, max_steps=max_steps)
+    check_timeout(request_timeout)
+    factor = limits.factor
     choices = choices or strategy_choices()
     strategy = check_strategy(strategy, choices)
     lock = threading.Lock()  # the queue already serialises; this keeps a demo launched without one safe too
@@ -390,7 +403,7 @@ def build_demo(
     gallery_png = {"format": "png"} if _accepts(gr.Gallery, "format") else {}
 
     with gr.Blocks(title="npu-port demo", analytics_enabled=False) as demo:
-        gr.Markdown(header_markdown(loaded, max_side=max_side, max_steps=max_steps), elem_id="header")
+        gr.Markdown(header_markdown(loaded, limits, request_timeout=request_timeout), elem_id="header")
         note = random_weights_note(loaded)
         if note:
             gr.Markdown(note, elem_id="random-weights")
@@ -412,12 +425,12 @@ def build_demo(
                         info=f"class id, 0 to {classes - 1}" if classes else "class id",
                     )
                 fields["steps"] = gr.Slider(
-                    1, max_steps, value=min(10, max_steps), step=1, label="Steps", elem_id="steps"
+                    1, limits.max_steps, value=min(10, limits.max_steps), step=1, label="Steps", elem_id="steps"
                 )
                 fields["seed"] = gr.Number(label="Seed", value=0, precision=0, elem_id="seed")
                 if text_to_image:
-                    size = min(default_size(loaded), max_side)
-                    hint = f"a multiple of {factor}, {factor} to {max_side}"
+                    size = min(default_size(loaded), limits.max_side)
+                    hint = f"a multiple of {factor}, {factor} to {limits.max_side}"
                     with gr.Row():
                         fields["height"] = gr.Number(
                             label="Height", value=size, precision=0, info=hint, elem_id="height"
@@ -464,7 +477,7 @@ def build_demo(
         compare_info = gr.Markdown(elem_id="compare-info")
 
         names = list(fields)
-        bounds = {"choices": choices, "max_side": max_side, "max_steps": max_steps}
+        bounds = {"choices": choices, "max_side": limits.max_side, "max_steps": limits.max_steps}
 
         def on_generate(*values: Any) -> Tuple[Any, str, str]:
             try:
@@ -473,10 +486,14 @@ def build_demo(
                 return None, error_markdown(exc), ""
             try:
                 with lock:
-                    result = generate(loaded, request)
+                    result = generate(loaded, request, deadline=Deadline(request_timeout))
+            except RequestTimeout as exc:
+                return None, error_markdown(exc), ""
             except Exception as exc:  # shown in the page; the traceback goes to the server's log
                 traceback.print_exc(file=sys.stderr)
                 return None, error_markdown(exc, refused=False), ""
+            if not result.finite:
+                return None, not_finite_markdown(result), result.strategy_explanation
             return to_pil(result.image), format_result(result), result.strategy_explanation
 
         def on_compare(*values: Any) -> Tuple[List[Any], str]:
@@ -487,7 +504,9 @@ def build_demo(
                 return [], error_markdown(exc)
             try:
                 with lock:
-                    comparison = compare_strategies(loaded, request, order)
+                    comparison = compare_strategies(loaded, request, order, deadline=Deadline(request_timeout))
+            except RequestTimeout as exc:
+                return [], error_markdown(exc)
             except Exception as exc:
                 traceback.print_exc(file=sys.stderr)
                 return [], error_markdown(exc, refused=False)

@@ -44,6 +44,6 @@ class Deadline:
         elapsed = self.elapsed
         if elapsed > self.seconds:
             raise RequestTimeout(
-                f"stopped: the request ran past its time limit of {self.seconds:g} s (after {elapsed:.1f} s, at step "
-                f"{step} of {steps} under strategy {strategy!r}); ask for fewer steps or a smaller image"
+                f"the request ran past its time limit of {self.seconds:g} s and was stopped (after {elapsed:.1f} s, at "
+                f"step {step} of {steps} under strategy {strategy!r}); ask for fewer steps or a smaller image"
             )

@@ -46,12 +46,12 @@ class ModelLimits:
         """These limits, lowered by the demo's ``--max-side`` / ``--max-steps`` (which can never raise them)."""
         if max_side is not None and not self.factor <= max_side <= self.max_side:
             raise InferenceError(
-                f"max side must be between {self.factor} and {self.max_side} for this model ({self.basis}), "
+                f"--max-side must be between {self.factor} and {self.max_side} for this model ({self.basis}), "
                 f"got {max_side}"
             )
         if max_steps is not None and not 1 <= max_steps <= self.max_steps:
             raise InferenceError(
-                f"max steps must be between 1 and {self.max_steps} for this model ({self.basis}), got {max_steps}"
+                f"--max-steps must be between 1 and {self.max_steps} for this model ({self.basis}), got {max_steps}"
             )
         return replace(
             self,
