@@ -428,7 +428,7 @@ def test_a_non_finite_image_is_shown_as_a_failure_not_as_a_picture(tiny):
     assert f"| {name} | {name} |" in info and "| not finite | - |" in info
 
 
-def test_the_script_checks_its_limits_and_timeout_before_loading(monkeypatch, capsys):
+def test_the_script_checks_its_limits_timeout_and_cache_before_loading(monkeypatch, capsys, tmp_path):
     pytest.importorskip("gradio")
     from npu_port.demo.__main__ import main
 
@@ -444,6 +444,15 @@ def test_the_script_checks_its_limits_and_timeout_before_loading(monkeypatch, ca
         assert out.err.startswith(f"gradio_demo_npu: {message}") and out.err.count("\n") == 1, out.err
         assert "loading" not in out.out
     assert not (Path(os.environ["NPU_PORT_CACHE_DIR"]) / "models").exists()
+    (tmp_path / "a-file").write_text("not a folder")  # nothing can be created under it, even by root
+    monkeypatch.setenv("NPU_PORT_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    assert main(["--model", "tiny-dit"]) == 2
+    out = capsys.readouterr()
+    assert out.err == (
+        f"gradio_demo_npu: NPU_PORT_CACHE_DIR={tmp_path / 'a-file' / 'cache'}: cannot write there (Not a directory); "
+        "set it to a folder you can write, or unset it to use the default cache folder\n"
+    )
+    assert "loading" not in out.out
 
 
 # ------------------------------------------------------------------------------------------- in a real browser

@@ -465,6 +465,7 @@ def _script(*arguments: str, cache: Path, cwd: Path) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_three_runs_with_the_same_output_leave_one_consistent_pair(model_cache, tmp_path):
     tiny_model_dir("tiny")  # built once, before the race
     small = ("--steps", "2", "--height", "32", "--width", "32", "--strategy", "sdpa", "--output", "out.png")
@@ -489,6 +490,7 @@ def test_the_three_seeds_of_the_race_make_different_images(model_cache):
         assert np.abs(images[first] - images[second]).max() > 0.01
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_a_run_exits_130_with_one_line_and_writes_nothing(model_cache, tmp_path):
     tiny_model_dir("tiny")
     slow = ("--steps", "50", "--height", "128", "--width", "128", "--strategy", "vanilla", "--output", "out.png")

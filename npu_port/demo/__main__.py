@@ -71,6 +71,7 @@ def prepare(args: argparse.Namespace) -> Any:
     from ..infer import load_pipeline
     from ..infer.deadline import check_timeout
     from ..infer.models import describe_model, resolve_dtype
+    from ..infer.paths import cache_location
     from .app import build_demo, check_strategy, strategy_choices
 
     # everything that can be checked is checked before the (possibly long) model load
@@ -82,6 +83,9 @@ def prepare(args: argparse.Namespace) -> Any:
     check_strategy(args.strategy, choices)
     device = get_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    cache, warning = cache_location()  # NPU_PORT_CACHE_DIR unwritable: an error; the default one: a warning
+    if warning:
+        print(f"{PROG}: {warning}", file=sys.stderr, flush=True)
     print(
         f"{PROG}: loading {args.model!r} on {device} ({device_name(device)}), {str(dtype).replace('torch.', '')}",
         flush=True,
@@ -92,6 +96,7 @@ def prepare(args: argparse.Namespace) -> Any:
         dtype,
         progress_bar=False,
         on_build=lambda message: print(f"{PROG}: {message}", file=sys.stderr, flush=True),
+        cache=cache,
     )
     demo = build_demo(
         loaded,

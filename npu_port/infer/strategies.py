@@ -26,11 +26,10 @@ def check_strategy(name: str) -> Any:
     from ..strategy.registry import list_strategies, resolve
     from ..strategy.router import StrategyRouter
 
-    valid = ", ".join(list_strategies())
     if _looks_like_file(name) and not Path(name).expanduser().is_file():
         raise InferenceError(
             f"strategy file {name!r} does not exist; give a strategy YAML file that exists or one of the strategies: "
-            f"{valid}"
+            f"{', '.join(list_strategies())}"
         )
     try:
         strategy = resolve(name)
