@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..attn.api import run_call
 from ..attn.call import AttentionCall
+from ..attn.contract import finish_unmasked
 from ..attn.kernels.base import Kernel
 from ..attn.registry import get_kernel
 from ..attn.select import runnable_kernels
@@ -60,6 +61,15 @@ def fingerprint(strategy: Strategy) -> Dict[str, Any]:
         "options": {k: strategy.option(k) for k in ("memory_budget", "sdpa_backends", "dtype_policy", "compute_dtype")},
         "kernel_options": {k: dict(v) for k, v in sorted(strategy.kernel_options.items())},
     }
+
+
+def _held_to_contract(runner: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """A prepared runner whose output keeps the inputs' NaN as every other path does (see npu_port.attn.contract)."""
+
+    def run(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        return finish_unmasked(runner(query, key, value), query, key, value)
+
+    return run
 
 
 class StrategyRouter:
@@ -252,7 +262,7 @@ class StrategyRouter:
             if runner is not None:
                 if len(self._prepared) >= MAX_PREPARED:  # shapes that never repeat (growing sequences): start over
                     self._prepared.clear()
-                self._prepared[signature] = (runner, kernel.name)
+                self._prepared[signature] = (_held_to_contract(runner), kernel.name)
         return run_call(call, kernel)
 
     # ---- reporting --------------------------------------------------------------------------------------------
