@@ -32,7 +32,7 @@ from ..device import free_memory_bytes, get_device, synchronize
 from ..errors import DeviceError, KernelUnavailableError, NoKernelError, NpuPortError, StrategyError
 from ..strategy.decision import bucket_key
 from ..strategy.measure import TOLERANCE, parity_slice
-from ..strategy.registry import get_strategy, list_strategies
+from ..strategy.registry import get_strategy, survey
 from ..strategy.router import FREE_MEMORY_SHARE, StrategyRouter
 from ..strategy.spec import Strategy
 from . import BenchError
@@ -98,23 +98,29 @@ def _router(strategy: Strategy) -> StrategyRouter:
     return StrategyRouter(strategy.with_overrides(cache=False) if strategy.select == "measure" else strategy)
 
 
+#: How a skipped strategy whose file cannot be loaded is labelled (the CLI also warns about those on stderr).
+BROKEN_FILE = "broken strategy file: "
+
+
 def select_strategies(text: Optional[str]) -> Tuple[List[Strategy], List[Tuple[str, str]]]:
     """The strategies a ``--strategies`` value names, and the (name, reason) of default ones left out.
 
     None: every strategy (profiles excluded) that can run on this machine; ``all``: every strategy, unavailable ones
     included (they show their reasons). Unknown names raise :class:`~npu_port.UnknownStrategyError`, which lists
-    the valid ones.
+    the valid ones. A strategy file that cannot be loaded is skipped with its error when listing; named explicitly,
+    it raises that error.
     """
     if text is not None and not text.strip():
-        raise BenchError("--strategies names no strategy; valid strategies: " + ", ".join(list_strategies()))
+        raise BenchError("--strategies names no strategy; valid strategies: " + ", ".join(survey()[0]))
     if text is not None and text.strip() != "all":
         names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
         if not names:
-            raise BenchError("--strategies names no strategy; valid strategies: " + ", ".join(list_strategies()))
-        return [get_strategy(n) for n in names], []
+            raise BenchError("--strategies names no strategy; valid strategies: " + ", ".join(survey()[0]))
+        return [get_strategy(n) for n in names], []  # a broken file asked for by name raises its own error
     chosen: List[Strategy] = []
-    skipped: List[Tuple[str, str]] = []
-    for name in list_strategies(kind="strategy"):
+    names, broken = survey(kind="strategy")
+    skipped: List[Tuple[str, str]] = [(entry.name, f"{BROKEN_FILE}{entry.error}") for entry in broken]
+    for name in names:
         strategy = get_strategy(name)
         if not strategy.candidates:
             skipped.append((name, "routes no attention kernel (it installs a diffusers processor class)"))

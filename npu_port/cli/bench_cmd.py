@@ -80,7 +80,15 @@ def _progress(total: int):
 def run(args: argparse.Namespace) -> int:
     from ..bench import BenchError, plot, report
     from ..bench.results import FAILED, OK
-    from ..bench.runner import Settings, progress_steps, resolve_device, resolve_dtype, run_bench, select_strategies
+    from ..bench.runner import (
+        BROKEN_FILE,
+        Settings,
+        progress_steps,
+        resolve_device,
+        resolve_dtype,
+        run_bench,
+        select_strategies,
+    )
     from ..bench.shapes import parse_shapes
     from ..strategy.spec import parse_size
 
@@ -93,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
             raise BenchError(f"--memory-budget: {exc}") from None
     shapes, skipped_shapes = parse_shapes(args.shapes, device.type)
     strategies, skipped_strategies = select_strategies(args.strategies)
+    for name, why in skipped_strategies:
+        if why.startswith(BROKEN_FILE):
+            print(f"npu-port: warning: strategy {name!r} skipped: {why[len(BROKEN_FILE) :]}", file=sys.stderr)
     if not strategies:
         why = "; ".join(f"{name}: {reason}" for name, reason in skipped_strategies)
         raise BenchError(f"no strategy can run on this machine: {why}")
