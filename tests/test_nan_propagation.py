@@ -15,6 +15,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import npu_port
+from npu_port.attn import contract
 from npu_port.attn.call import AttentionCall
 from npu_port.attn.kernels.base import Kernel
 from npu_port.errors import NoKernelError
@@ -27,6 +28,14 @@ from .strategies import attention_cases
 from .test_attention_parity import VARIANTS, _reference, _run, _score_rounding_allowance, expected_refusals
 
 NAN = float("nan")
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    """A monkeypatch usable inside hypothesis tests (undone by each example itself)."""
+    patch = pytest.MonkeyPatch()
+    yield patch
+    patch.undo()
 
 
 @st.composite
@@ -121,6 +130,24 @@ def test_the_routers_prepared_fast_path_keeps_nan_too():
     query[0, 0, 3, 1] = NAN
     out = router(query, key, value)
     assert router._prepared and torch.isnan(out[0, 0, 3]).all() and int(torch.isnan(out).sum()) == 8
+
+
+@pytest.mark.parametrize("kernel", ["math", "sdpa", "chunked"])
+@settings(max_examples=25)
+@given(case=attention_cases(dtypes=(torch.float32,)), data=st.data())
+def test_the_branch_free_path_accelerators_take_gives_the_same_answers(kernel, case, data, monkeypatch_module):
+    """On accelerators the contract never reads a flag back (no host synchronisation): forced here on the CPU, inputs
+    without NaN come out unchanged and inputs with NaN get the reference's pattern."""
+    with torch.no_grad():
+        expected = _run(kernel, case)
+        monkeypatch_module.setattr(contract, "CHECK_FIRST_ON", ())
+        try:
+            assert torch.equal(_run(kernel, case), expected)
+            inputs = data.draw(with_nans(case))
+            out = _run(kernel, case, **inputs)
+        finally:
+            monkeypatch_module.undo()
+    assert_same_nan_pattern_and_close(out, _reference(case, **inputs), case.dtype)
 
 
 class NanHidingKernel(Kernel):

@@ -16,18 +16,23 @@ positions added as ``-inf``):
 - a NaN in an additive float mask makes its query row NaN;
 - except that a row whose keys are all masked gives zeros, NaN or not (npu-port's one addition to SDPA).
 
-The positions come from ``isnan`` reductions over the inputs (no host synchronisation), so a kernel whose backend
-hides a NaN still returns it, and one that spreads it no further than the formula does is left as it was.
+The positions come from NaN-propagating reductions over the inputs (``amax``, then ``isnan`` on the small result), so
+a kernel whose backend hides a NaN still returns it, and one that spreads it no further than the formula does is left
+as it was. On accelerators this is branch-free (no host synchronisation); on the CPU, where asking is free, an output
+whose inputs hold no NaN is returned untouched.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from .call import AttentionCall
+
+#: Devices where reading a flag back costs no device synchronisation: there, inputs without NaN skip the work.
+CHECK_FIRST_ON = ("cpu",)
 
 
 def rows_with_keys(call: AttentionCall) -> Optional[Tensor]:
@@ -41,27 +46,40 @@ def finish_output(out: Tensor, call: AttentionCall) -> Tensor:
     """``out`` (``(B, Hq, Sq, Dv)``, from any kernel) with NaN where the inputs put one and zeros in rows with no
     key (see the module docstring)."""
     bias = call.mask.bias if call.mask is not None else None
-    return _finish(out, call.query, call.key, call.value, bias, rows_with_keys(call))
+    return _finish(out, call.query, call.key, call.value, bias, lambda: rows_with_keys(call))
 
 
 def finish_unmasked(out: Tensor, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
     """:func:`finish_output` for an unmasked 4-D call, from the tensors alone (the router's prepared fast path)."""
-    return _finish(out, query, key, value, None, None)
+    return _finish(out, query, key, value, None, lambda: None)
 
 
 def _finish(
-    out: Tensor, query: Tensor, key: Tensor, value: Tensor, bias: Optional[Tensor], rows: Optional[Tensor]
+    out: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    bias: Optional[Tensor],
+    rows_with_key: Callable[[], Optional[Tensor]],
 ) -> Tensor:
-    nan = float("nan")
-    query_rows = torch.isnan(query).any(dim=-1, keepdim=True)  # (B, Hq, Sq, 1)
+    # amax propagates NaN and, unlike a sum, cannot overflow into inf - inf: one read of each input, no big temporary
+    if out.device.type in CHECK_FIRST_ON:  # skip everything when no NaN came in
+        total = query.amax() + key.amax() + value.amax()  # NaN (or inf - inf: then the exact check below decides)
+        if bias is not None:
+            total = total + bias.amax()
+        if not bool(torch.isnan(total)):
+            return out
+    query_rows = torch.isnan(query.amax(dim=-1, keepdim=True))  # (B, Hq, Sq, 1)
     if bias is not None:
-        query_rows = query_rows | torch.isnan(bias).any(dim=-1, keepdim=True)
-    key_heads = torch.isnan(key).flatten(2).any(dim=-1, keepdim=True)  # (B, Hkv, 1)
-    value_columns = torch.isnan(value).any(dim=-2) | key_heads  # (B, Hkv, Dv)
+        query_rows = query_rows | torch.isnan(bias.amax(dim=-1, keepdim=True))
+    key_heads = torch.isnan(key.amax(dim=(-2, -1)))  # (B, Hkv)
+    value_columns = torch.isnan(value.amax(dim=-2)) | key_heads.unsqueeze(-1)  # (B, Hkv, Dv)
     group = query.shape[1] // key.shape[1]
     if group > 1:  # query heads j*G .. j*G+G-1 share key/value head j
         value_columns = value_columns.repeat_interleave(group, dim=1)
+    nan = float("nan")
     # One copy (the kernel's output may alias something, or be kept by autograd), then in place on that copy:
     # masked_fill's backward needs only the masks, so autograd is unaffected.
     out = out.masked_fill(query_rows, nan).masked_fill_(value_columns.unsqueeze(2), nan)
+    rows = rows_with_key()
     return out if rows is None else out.masked_fill_(~rows, 0.0)
