@@ -198,3 +198,21 @@ def test_a_registered_kernels_broken_package_is_in_the_key_as_broken(tmp_path, m
         _DEFAULTS.pop(BrokenPackageKernel.name, None)
         _optional.forget("npu_port_test_broken_pkg")
         sys.modules.pop("npu_port_test_broken_pkg", None)
+
+
+def test_the_public_handle_explains_the_cache_miss(caplog):
+    q, k, v = qkv()
+    path, bucket, data = stored_file(auto_router(), q, k, v)
+    data["decisions"][bucket] = "sdpa"
+    path.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="npu_port.strategy"):
+        with npu_port.attention_strategy("auto", repeats=1, warmup=0) as handle:
+            npu_port.attention(q, k, v)
+            explanation = handle.explain()
+    line = (
+        f"disk cache entry {bucket!r} in {path} ignored: malformed entry (expected a JSON object, found str); "
+        "measuring again (it will be overwritten)"
+    )
+    assert f"\n  {line}\n" in explanation and "[measured in " in explanation
+    assert [r.getMessage() for r in caplog.records] == [line]
+    assert isinstance(json.loads(path.read_text())["decisions"][bucket], dict)
