@@ -21,6 +21,7 @@ from .errors import (
     NpuOptionError,
     NpuPortError,
     RedirectError,
+    RunError,
     StrategyError,
     StrategyFileError,
     UnknownKernelError,
@@ -41,6 +42,7 @@ _LAZY: Dict[str, str] = {
     "masks": "npu_port.attn.masks",
     "get_device": "npu_port.device.detect",
     "activate": "npu_port.runtime.activate",
+    "override": "npu_port.runtime.overrides",
     "patch_legacy_attention": "npu_port.integrations.legacy_attention",
     "register_fallback": "npu_port.shims.fallbacks",
     "unregister_fallback": "npu_port.shims.fallbacks",
@@ -76,6 +78,7 @@ if TYPE_CHECKING:  # static analysers see the real objects
     from .integrations.legacy_attention import patch_legacy_attention
     from .npu_setup import apply_npu_options
     from .runtime.activate import Activation, activate
+    from .runtime.overrides import override
     from .shims.fallbacks import register_fallback, unregister_fallback
     from .strategy.api import StrategyHandle, attention_strategy, set_attention_strategy
     from .strategy.registry import (
@@ -109,6 +112,8 @@ def __dir__():
 __all__ = [
     "Activation",
     "activate",
+    "override",
+    "RunError",
     "patch_legacy_attention",
     "register_fallback",
     "unregister_fallback",

@@ -129,9 +129,15 @@ def probe(name: str) -> PackageStatus:
 
     A module already in ``sys.modules`` always wins (that is also how tests install stand-ins). Failures are cached
     because a failing import walks ``sys.path`` every time; :func:`forget` clears the cache.
+
+    npu-port's own stand-ins (the flash_attn / xformers drop-ins that ``npu-port run`` serves) are not the package:
+    a kernel must not compute through the drop-in that computes through it, and asking must not import one — the
+    run summary lists a stand-in as served only when the project imported it.
     """
     module = sys.modules.get(name)
     if module is not None:
+        if getattr(module, "__npu_port_stand_in__", None):
+            return _stand_in_status(name)
         return PackageStatus(name, module, None)
     cached = _failures.get(name)
     if cached is not None:
@@ -140,6 +146,8 @@ def probe(name: str) -> PackageStatus:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         spec = None
+    if spec is not None and getattr(spec.loader, "npu_port_stand_in", False):
+        return _stand_in_status(name)  # not cached: the stand-in goes when npu-port run ends
     if spec is None:
         status = PackageStatus(
             name,
@@ -159,6 +167,18 @@ def probe(name: str) -> PackageStatus:
             return PackageStatus(name, module, None)
     _failures[name] = status
     return status
+
+
+def _stand_in_status(name: str) -> PackageStatus:
+    return PackageStatus(
+        name,
+        None,
+        Reason(
+            "package-missing",
+            f"{name} is not installed (npu-port's stand-in serves `import {name}` during npu-port run, and computes "
+            f"through npu-port's own kernels); {INSTALL_HINTS.get(name, 'pip install it')}",
+        ),
+    )
 
 
 def forget(name: Optional[str] = None) -> None:

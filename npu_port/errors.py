@@ -117,3 +117,8 @@ class DropInError(NpuPortError, NotImplementedError):
 class FallbackError(NpuPortError, ValueError):
     """A compiled-extension fallback was registered with a bad module name, replacement or mode, or a fallback op
     (``alt_cuda_corr.forward``...) was called with arguments the CUDA op it stands in for does not take."""
+
+
+class RunError(NpuPortError, ValueError):
+    """``npu-port run`` / ``npu_port.activate`` was given an entry point, watch folder or override it cannot use (a
+    missing script or module, a malformed ``--override``, an attribute the overridden module does not have)."""

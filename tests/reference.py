@@ -3,6 +3,8 @@
 It shares no code with npu_port: a mask is given as ground truth (``keep``: True = the key takes part, and an
 optional additive ``bias``), causality is top-left (``tril``), grouped-query heads are repeated with
 ``repeat_interleave``, and a query row with no key gives zeros (npu-port's one addition to SDPA's contract).
+NaN in the inputs follows the formula: masked positions are added as ``-inf`` (so a masked NaN key still gives
+NaN) and ``0 * NaN`` in the product with ``v`` is NaN; only rows with no key are zeros whatever the inputs hold.
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ def reference_attention(
         allowed = allowed & keep
     allowed = allowed.expand(scores.shape)
     has_key = allowed.any(dim=-1, keepdim=True)
-    scores = scores.masked_fill(~allowed, -math.inf).masked_fill(~has_key, 0.0)
+    # Masked positions are *added* as -inf, as SDPA's documented formula does: a NaN score stays NaN there.
+    scores = scores + torch.zeros_like(scores).masked_fill(~allowed, -math.inf)
+    scores = scores.masked_fill(~has_key, 0.0)
     probs = torch.softmax(scores, dim=-1) * has_key
-    return probs @ v
+    return (probs @ v).masked_fill(~has_key, 0.0)
 
 
 #: Agreement with the float64 reference: |out - ref| <= atol + rtol * |ref|. Float32 is tight; float16/bfloat16

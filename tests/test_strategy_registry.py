@@ -206,8 +206,9 @@ def test_user_strategy_from_the_search_path_and_by_path(tmp_path, monkeypatch):
 def test_user_file_may_not_take_a_builtin_name(tmp_path, monkeypatch):
     write(tmp_path, "sdpa.yaml", "description: mine\nkernel: math\n")
     monkeypatch.setenv("NPU_PORT_STRATEGY_PATH", str(tmp_path))
-    with pytest.raises(StrategyFileError, match="'sdpa' is a built-in strategy name; rename the file"):
-        npu_port.list_strategies()
+    with pytest.warns(UserWarning, match="'sdpa' is a built-in strategy name; rename the file"):
+        assert "sdpa" in npu_port.list_strategies()  # reported and skipped; the built-in keeps its name
+    assert npu_port.get_strategy("sdpa").candidates == ("sdpa",)
 
 
 def test_register_strategy_in_code():

@@ -7,6 +7,7 @@ from typing import Optional, Union
 from torch import Tensor
 
 from .call import AttentionCall
+from .contract import finish_output
 from .kernels.base import Kernel
 from .select import resolve_kernel
 
@@ -29,7 +30,8 @@ def attention(
     added to the scaled scores, and masks broadcast from the right; ``is_causal`` is top-left aligned and combines
     with a mask; ``enable_gqa`` shares key/value heads across query heads. One addition: a query row whose keys are
     all masked gives zeros, never NaN, on every kernel and in every dtype (an additive value at or below
-    ``npu_port.masks.MASKED_AT_OR_BELOW`` counts as masked, like ``-inf``).
+    ``npu_port.masks.MASKED_AT_OR_BELOW`` counts as masked, like ``-inf``). A NaN in the inputs comes out where SDPA's
+    documented math formula puts it, on every kernel (see :mod:`npu_port.attn.contract`).
 
     ``kernel``: a kernel name (see :func:`npu_port.kernels`), a configured kernel (``get_kernel("chunked",
     max_bytes=...)``), or None for the active choice. A named kernel that cannot run the call raises
@@ -44,4 +46,9 @@ def run_call(call: AttentionCall, chosen: Kernel) -> Tensor:
     """Run a validated call on the kernel chosen for it, in the caller's layout (empty calls never reach a kernel)."""
     if call.is_empty:
         return call.empty_output()
-    return call.restore_shape(chosen.run(call))
+    return call.restore_shape(run_kernel(call, chosen))
+
+
+def run_kernel(call: AttentionCall, chosen: Kernel) -> Tensor:
+    """``chosen.run(call)`` held to the output contract (NaN in, NaN out; rows with no key give zeros), 4-D."""
+    return finish_output(chosen.run(call), call)

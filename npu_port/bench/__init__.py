@@ -23,4 +23,16 @@ class BenchError(NpuPortError, ValueError):
     """A bench option naming a shape, strategy or device that does not exist here; the message lists valid ones."""
 
 
-__all__ = ["BenchError"]
+class BenchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a bench run, carrying what was measured until then (``report``, marked partial).
+
+    A KeyboardInterrupt still, so a caller that does not look for it stops as on any Ctrl-C; ``npu-port bench``
+    catches it, writes the partial report and exits with 130.
+    """
+
+    def __init__(self, report) -> None:
+        super().__init__(report.stopped_because)
+        self.report = report
+
+
+__all__ = ["BenchError", "BenchInterrupted"]

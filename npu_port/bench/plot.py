@@ -12,10 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List
 
+from .. import atomic
 from . import BenchError
 from .results import OK, BenchReport
 
-MARKS = {"refused": "refused", "unavailable": "n/a", "failed": "failed"}
+MARKS = {"refused": "refused", "unavailable": "n/a", "failed": "failed", "interrupted": "interrupted"}
 
 
 def require_matplotlib() -> None:
@@ -88,11 +89,13 @@ def write_png(report: BenchReport, path: Path) -> None:
     ax.set_xticklabels(shapes, fontsize=8)
     ax.set_ylabel("median time per call (ms, log scale)")
     m, s = report.machine, report.settings
-    ax.set_title(
-        f"attention strategies on {m['device_name']}\n{s['dtype']}, torch {m['torch']}; x = cannot run", fontsize=9
-    )
+    title = f"attention strategies on {m['device_name']}\n{s['dtype']}, torch {m['torch']}; x = cannot run"
+    if report.partial:
+        title = f"PARTIAL: {report.measured_cells} of {report.planned_cells} measurements ({report.stopped_because})\n"
+        title += f"{m['device_name']}, {s['dtype']}, torch {m['torch']}; x = not timed"
+    ax.set_title(title, fontsize=9, **({"color": "firebrick"} if report.partial else {}))
     handles = [Patch(color=colour, label=strategy) for colour, strategy in zip(colours, strategies)]
     ax.legend(handles=handles, fontsize=7, ncol=min(4, max(1, len(strategies))))
     ax.grid(axis="y", which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    atomic.write_with(path, fig.savefig)

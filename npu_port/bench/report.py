@@ -3,16 +3,18 @@
 The CSV has one row per cell with fixed :data:`COLUMNS` (times in milliseconds, memory in MiB) so files from several
 machines concatenate; the JSON is the whole :class:`~.results.BenchReport` in seconds and bytes, with the machine and
 auto's per-candidate measurements. The table puts a refusal's reason where the time would be, and ends with the
-fastest correct strategy per shape — the answer most readers want.
+fastest correct strategy per shape — the answer most readers want. A run stopped early says PARTIAL at the top and
+bottom of the table, ``"partial": true`` in the JSON and ``partial_run`` in every CSV row. Files are written with
+:mod:`npu_port.atomic`, so an interrupted write leaves the previous file as it was.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from .. import atomic
 from .results import OK, BenchReport, Cell
 
 MiB = 1 << 20
@@ -39,6 +41,7 @@ COLUMNS = (
     "parity_max_abs_error",
     "parity_ok",
     "note",
+    "partial_run",
 )
 
 
@@ -69,19 +72,26 @@ def csv_row(cell: Cell, report: BenchReport) -> Dict[str, Any]:
         "parity_max_abs_error": cell.parity_max_abs_error,
         "parity_ok": cell.parity_ok,
         "note": cell.note,
+        "partial_run": report.partial,
     }
 
 
 def write_csv(report: BenchReport, path: Path) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        writer.writeheader()
-        for cell in report.cells:
-            writer.writerow({k: "" if v is None else v for k, v in csv_row(cell, report).items()})
+    """The cells as CSV, written atomically (a unique temporary file, then renamed into place)."""
+
+    def write(temporary: Path) -> None:
+        with open(temporary, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+            writer.writeheader()
+            for cell in report.cells:
+                writer.writerow({k: "" if v is None else v for k, v in csv_row(cell, report).items()})
+
+    atomic.write_with(path, write)
 
 
 def write_json(report: BenchReport, path: Path) -> None:
-    path.write_text(json.dumps(report.as_dict(), indent=2, default=str) + "\n", encoding="utf-8")
+    """The whole report as JSON, written atomically; non-finite numbers become null (valid JSON)."""
+    atomic.write_json(path, report.as_dict(), indent=2)
 
 
 def fastest(report: BenchReport) -> Dict[str, Cell]:
@@ -100,10 +110,11 @@ def _fmt(value: Optional[float], spec: str) -> str:
 
 def render_table(report: BenchReport) -> str:
     m, s = report.machine, report.settings
-    lines: List[str] = [
+    lines: List[str] = [partial_summary(report)] if report.partial else []
+    lines.append(
         f"npu-port bench on {m['device_name']}: torch {m['torch']}, {s['dtype']}, "
         f"median of {s['repeats']} after {s['warmup']} warm-up, parity vs float64 on {s['parity_rows']} rows"
-    ]
+    )
     header = ("shape", "strategy", "kernel", "median ms", "TFLOP/s", "peak MiB", "max|err|", "note")
     rows: List[tuple] = []
     for c in report.cells:
@@ -141,4 +152,14 @@ def render_table(report: BenchReport) -> str:
         lines.append(f"skipped shape {name}: {why}")
     for name, why in report.skipped_strategies:
         lines.append(f"skipped strategy {name}: {why}")
+    if report.partial:
+        lines.append(partial_summary(report))
     return "\n".join(lines)
+
+
+def partial_summary(report: BenchReport) -> str:
+    """The line that heads and ends the table of a run stopped early."""
+    return (
+        f"PARTIAL RESULTS: {report.stopped_because}; {report.measured_cells} of {report.planned_cells} "
+        "measurements (strategy x shape) done"
+    )

@@ -3,7 +3,8 @@
 Numbers from one machine mean little on another, so a report always carries the device's model name, the torch
 (and torch_npu) versions, the CPU count and threads, and the date. Cells are plain data: the table, the CSV, the JSON
 and the plot are all views of the same list, and a refused cell keeps its reason in the same place a timed cell keeps
-its time — a refusal is a result, not a gap.
+its time — a refusal is a result, not a gap. A run stopped early (Ctrl-C) is still a report: ``partial`` is true,
+``stopped_because`` says why, and ``measured_cells`` of ``planned_cells`` says how far it got.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from importlib import metadata
 from typing import Any, Dict, List, Optional, Tuple
 
 #: Cell outcomes: timed; the strategy cannot run on this machine; it refused this shape (kernel reasons or the
-#: memory budget); it accepted the shape and then failed (an error, or NaN/inf in the output).
-OK, UNAVAILABLE, REFUSED, FAILED = "ok", "unavailable", "refused", "failed"
+#: memory budget); it accepted the shape and then failed (an error, or NaN/inf in the output); the run was stopped
+#: (Ctrl-C) while this cell was being timed — its times so far are kept, with no memory or parity figures.
+OK, UNAVAILABLE, REFUSED, FAILED, INTERRUPTED = "ok", "unavailable", "refused", "failed", "interrupted"
 
 
 @dataclass
@@ -94,9 +96,24 @@ class BenchReport:
     cells: List[Cell] = field(default_factory=list)
     skipped_shapes: List[Tuple[str, str]] = field(default_factory=list)
     skipped_strategies: List[Tuple[str, str]] = field(default_factory=list)
+    planned_cells: int = 0  # strategies x shapes
+    stopped_because: Optional[str] = None  # set when the run was stopped before every cell was measured
+
+    @property
+    def partial(self) -> bool:
+        return self.stopped_because is not None
+
+    @property
+    def measured_cells(self) -> int:
+        """Cells with a final outcome (timed, refused, unavailable, failed); interrupted ones are not counted."""
+        return sum(1 for cell in self.cells if cell.status != INTERRUPTED)
 
     def as_dict(self) -> Dict[str, Any]:
         return {
+            "partial": self.partial,
+            "measured_cells": self.measured_cells,
+            "planned_cells": self.planned_cells,
+            "stopped_because": self.stopped_because,
             "machine": self.machine,
             "settings": self.settings,
             "shapes": self.shapes,

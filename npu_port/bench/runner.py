@@ -32,12 +32,12 @@ from ..device import free_memory_bytes, get_device, synchronize
 from ..errors import DeviceError, KernelUnavailableError, NoKernelError, NpuPortError, StrategyError
 from ..strategy.decision import bucket_key
 from ..strategy.measure import TOLERANCE, parity_slice
-from ..strategy.registry import get_strategy, list_strategies
+from ..strategy.registry import get_strategy, survey
 from ..strategy.router import FREE_MEMORY_SHARE, StrategyRouter
 from ..strategy.spec import Strategy
-from . import BenchError
+from . import BenchError, BenchInterrupted
 from .memory import peak_bytes
-from .results import FAILED, OK, REFUSED, UNAVAILABLE, BenchReport, Cell, machine_info
+from .results import FAILED, INTERRUPTED, OK, REFUSED, UNAVAILABLE, BenchReport, Cell, machine_info
 from .shapes import Shape
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -98,23 +98,29 @@ def _router(strategy: Strategy) -> StrategyRouter:
     return StrategyRouter(strategy.with_overrides(cache=False) if strategy.select == "measure" else strategy)
 
 
+#: How a skipped strategy whose file cannot be loaded is labelled (the CLI also warns about those on stderr).
+BROKEN_FILE = "broken strategy file: "
+
+
 def select_strategies(text: Optional[str]) -> Tuple[List[Strategy], List[Tuple[str, str]]]:
     """The strategies a ``--strategies`` value names, and the (name, reason) of default ones left out.
 
     None: every strategy (profiles excluded) that can run on this machine; ``all``: every strategy, unavailable ones
     included (they show their reasons). Unknown names raise :class:`~npu_port.UnknownStrategyError`, which lists
-    the valid ones.
+    the valid ones. A strategy file that cannot be loaded is skipped with its error when listing; named explicitly,
+    it raises that error.
     """
     if text is not None and not text.strip():
-        raise BenchError("--strategies names no strategy; valid strategies: " + ", ".join(list_strategies()))
+        raise BenchError("--strategies names no strategy; valid strategies: " + ", ".join(survey()[0]))
     if text is not None and text.strip() != "all":
         names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
         if not names:
-            raise BenchError("--strategies names no strategy; valid strategies: " + ", ".join(list_strategies()))
-        return [get_strategy(n) for n in names], []
+            raise BenchError("--strategies names no strategy; valid strategies: " + ", ".join(survey()[0]))
+        return [get_strategy(n) for n in names], []  # a broken file asked for by name raises its own error
     chosen: List[Strategy] = []
-    skipped: List[Tuple[str, str]] = []
-    for name in list_strategies(kind="strategy"):
+    names, broken = survey(kind="strategy")
+    skipped: List[Tuple[str, str]] = [(entry.name, f"{BROKEN_FILE}{entry.error}") for entry in broken]
+    for name in names:
         strategy = get_strategy(name)
         if not strategy.candidates:
             skipped.append((name, "routes no attention kernel (it installs a diffusers processor class)"))
@@ -231,6 +237,15 @@ class _Running:
     def fail(self, exc: BaseException) -> None:
         self.cell.status, self.cell.note = FAILED, f"{self.kernel.name} failed: {_first_line(exc)}"
 
+    def interrupt(self, repeats: int) -> None:
+        """Ctrl-C before this cell was finished: keep the timed calls so far, say how many, claim nothing more."""
+        cell = self.cell
+        cell.status = INTERRUPTED
+        if self.times:
+            cell.median_s, cell.min_s, cell.runs = statistics.median(self.times), min(self.times), len(self.times)
+        what = f"interrupted after {len(self.times)} of {repeats} timed calls; no memory or parity figures"
+        cell.note = f"{what}; {cell.note}" if cell.note else what
+
 
 def choose(
     strategy: Strategy, shape: Shape, call: AttentionCall, settings: Settings
@@ -298,11 +313,43 @@ def _finish(run: _Running, shape: Shape, call: AttentionCall, ref: Reference, se
     cell.parity_ok = relative <= cell.parity_tolerance
 
 
-def run_shape(strategies: Sequence[Strategy], shape: Shape, settings: Settings, progress: Any = None) -> List[Cell]:
+def run_shape(
+    strategies: Sequence[Strategy],
+    shape: Shape,
+    settings: Settings,
+    progress: Any = None,
+    into: Optional[List[Cell]] = None,
+) -> List[Cell]:
     """Every strategy on one shape; timed calls interleaved across strategies (see the module docstring).
 
-    ``progress`` (tqdm-like) advances ``repeats + 3`` steps per strategy: choose, warm up, each round, finish.
+    Cells are appended to ``into`` (a new list by default) as soon as their strategy has chosen, so that on Ctrl-C
+    the caller keeps them: the cells still being timed are marked interrupted, with their times so far, and the
+    KeyboardInterrupt goes on. ``progress`` (tqdm-like) advances ``repeats + 3`` steps per strategy: choose, warm
+    up, each round, finish.
     """
+    cells: List[Cell] = [] if into is None else into
+    running: List[_Running] = []
+    try:
+        _run_shape(strategies, shape, settings, progress, cells, running)
+    except KeyboardInterrupt:
+        for run in running:
+            if run.cell.status == OK and run.cell.median_s is None:  # not failed, not finished
+                run.interrupt(settings.repeats)
+        raise
+    finally:
+        running.clear()
+        gc.collect()
+    return cells
+
+
+def _run_shape(
+    strategies: Sequence[Strategy],
+    shape: Shape,
+    settings: Settings,
+    progress: Any,
+    cells: List[Cell],
+    running: List["_Running"],
+) -> None:
     steps = settings.repeats + 3
 
     def tick(n: int, what: str = "") -> None:
@@ -313,8 +360,6 @@ def run_shape(strategies: Sequence[Strategy], shape: Shape, settings: Settings, 
 
     call = make_call(shape, settings)
     ref = reference(call, settings.parity_rows)
-    cells: List[Cell] = []
-    running: List[_Running] = []
     for strategy in strategies:
         if progress is not None:
             progress.set_description(f"{shape.name}: choosing for {strategy.name}")
@@ -357,9 +402,6 @@ def run_shape(strategies: Sequence[Strategy], shape: Shape, settings: Settings, 
     for run in alive():
         _finish(run, shape, call, ref, settings)
         tick(1, f"memory and parity of {run.cell.strategy}")
-    running.clear()
-    gc.collect()
-    return cells
 
 
 # ---- the whole run ------------------------------------------------------------------------------------------------
@@ -389,7 +431,8 @@ def run_bench(
     """Every strategy on every shape, shape by shape (inputs and reference made once per shape).
 
     ``progress`` is anything with tqdm's ``set_description(str)`` and ``update(n)``; the run takes
-    :func:`progress_steps` steps.
+    :func:`progress_steps` steps. Ctrl-C raises :class:`~npu_port.bench.BenchInterrupted` carrying the report so
+    far (``partial``, what was measured of what was planned, and why it stopped).
     """
     shapes = list(shapes)
     settings = replace(settings, memory_budget=memory_budget(settings))
@@ -413,6 +456,11 @@ def run_bench(
         skipped_shapes=list(skipped_shapes),
         skipped_strategies=list(skipped_strategies),
     )
+    report.planned_cells = len(strategies) * len(shapes)
     for shape in shapes:
-        report.cells.extend(run_shape(strategies, shape, settings, progress))
+        try:
+            run_shape(strategies, shape, settings, progress, into=report.cells)
+        except KeyboardInterrupt:
+            report.stopped_because = f"interrupted (Ctrl-C) while measuring shape {shape.name}"
+            raise BenchInterrupted(report) from None
     return report

@@ -7,7 +7,7 @@
 
 The exit code is 0 when every cell that ran gave finite output within the dtype's tolerance, 1 when a strategy
 accepted a shape and then failed or disagreed with the float64 reference (refusals are results, not failures), 2 for
-a bad option. The work is in :mod:`npu_port.bench`; this module only parses and prints, and imports torch only inside
+a bad option, 130 when stopped with Ctrl-C: what was measured until then is printed and written, marked PARTIAL. The work is in :mod:`npu_port.bench`; this module only parses and prints, and imports torch only inside
 :func:`run`.
 """
 
@@ -77,10 +77,31 @@ def _progress(total: int):
     return tqdm(total=total, unit="step", file=sys.stderr, disable=None, leave=False, dynamic_ncols=True)
 
 
+#: Exit code of a run stopped with Ctrl-C (128 + SIGINT, as shells report it).
+EXIT_INTERRUPTED = 130
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..bench import BenchError, plot, report
+    """Parse, measure, print, write; Ctrl-C at any point exits 130 without a traceback, keeping what was measured."""
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("npu-port: bench interrupted (Ctrl-C) before anything was measured; nothing written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ..bench import BenchError, BenchInterrupted, plot, report
     from ..bench.results import FAILED, OK
-    from ..bench.runner import Settings, progress_steps, resolve_device, resolve_dtype, run_bench, select_strategies
+    from ..bench.runner import (
+        BROKEN_FILE,
+        Settings,
+        progress_steps,
+        resolve_device,
+        resolve_dtype,
+        run_bench,
+        select_strategies,
+    )
     from ..bench.shapes import parse_shapes
     from ..strategy.spec import parse_size
 
@@ -93,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
             raise BenchError(f"--memory-budget: {exc}") from None
     shapes, skipped_shapes = parse_shapes(args.shapes, device.type)
     strategies, skipped_strategies = select_strategies(args.strategies)
+    for name, why in skipped_strategies:
+        if why.startswith(BROKEN_FILE):
+            print(f"npu-port: warning: strategy {name!r} skipped: {why[len(BROKEN_FILE) :]}", file=sys.stderr)
     if not strategies:
         why = "; ".join(f"{name}: {reason}" for name, reason in skipped_strategies)
         raise BenchError(f"no strategy can run on this machine: {why}")
@@ -113,19 +137,47 @@ def run(args: argparse.Namespace) -> int:
             skipped_strategies=skipped_strategies,
             progress=bar,
         )
+    except BenchInterrupted as stopped:
+        result = stopped.report
     finally:
         if bar is not None:
             bar.close()
     result.settings["requested"] = {"strategies": args.strategies, "shapes": args.shapes}
-    print(report.render_table(result))
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        report.write_csv(result, out_dir / "bench.csv")
-        report.write_json(result, out_dir / "bench.json")
-        written = ["bench.csv", "bench.json"]
-        if not args.no_plot:
-            plot.write_png(result, out_dir / "bench.png")
-            written.append("bench.png")
-        print(f"wrote {', '.join(str(out_dir / name) for name in written)}")
+    try:
+        print(report.render_table(result))
+        if out_dir is not None:
+            _write(result, out_dir, plot=not args.no_plot)
+    except KeyboardInterrupt:  # a second Ctrl-C while writing: each file is whole or untouched (atomic writes)
+        print(
+            "npu-port: interrupted again while writing the results; files not yet written were left as they were",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    if result.partial:
+        return EXIT_INTERRUPTED
     broken = [c for c in result.cells if c.status == FAILED or (c.status == OK and c.parity_ok is False)]
     return 1 if broken else 0
+
+
+def _write(result, out_dir: Path, plot: bool) -> None:
+    """bench.csv, bench.json and (unless --no-plot) bench.png, each written atomically. For a partial run a plot
+    that cannot be drawn is said, not raised: the CSV and JSON are what matter then."""
+    from ..bench import plot as plotting
+    from ..bench import report
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report.write_csv(result, out_dir / "bench.csv")
+    report.write_json(result, out_dir / "bench.json")
+    written = ["bench.csv", "bench.json"]
+    if plot:
+        try:
+            plotting.write_png(result, out_dir / "bench.png")
+            written.append("bench.png")
+        except Exception as exc:
+            if not result.partial:
+                raise
+            print(
+                f"npu-port: bench.png not drawn for the partial results: {type(exc).__name__}: {exc}", file=sys.stderr
+            )
+    label = "wrote partial results: " if result.partial else "wrote "
+    print(label + ", ".join(str(out_dir / name) for name in written))

@@ -1,31 +1,41 @@
-"""``npu-port run [--device D] [--strategy S | --profile P] [--report FILE] script.py [args...]``: run a CUDA
-project's script here, unchanged.
+"""``npu-port run [options] script.py [args...]`` or ``npu-port run [options] -m module [args...]``: run a CUDA
+project's entry point here, unchanged.
 
-The script runs as ``__main__`` (as ``python script.py`` would run it: its directory first on ``sys.path``,
-``sys.argv`` = the script and its arguments) after :func:`npu_port.activate` has installed the redirect, the
-drop-ins, the fallbacks, the strategy and the legacy-attention routing. A summary of what was patched and how often
-it was hit goes to stderr at exit, or to ``--report`` as JSON. The exit code is the script's.
+The entry point runs as ``__main__``, as ``python script.py`` / ``python -m module`` would run it (``sys.path[0]``
+and ``sys.argv`` as Python sets them), after :func:`npu_port.activate` has installed the redirect, the drop-ins, the
+fallbacks, the strategy, and the import watcher over the project's own modules — the working directory, the folder
+holding the entry point's top package, and every ``--watch`` folder — which rewrites their device-type checks,
+routes their legacy attention classes and applies ``--override``. Everything is checked before any of the project's
+code runs. A summary of what was patched and how often it was hit goes to stderr at exit, or to ``--report`` as
+JSON: one file per rank under torchrun. The exit code is the script's (1 for an uncaught exception, 130 for Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import runpy
 import sys
-from typing import Any, Optional
+from typing import Any, Dict, Mapping, Optional
+
+#: ``--report`` placeholder for the rank under torchrun.
+RANK_FIELD = "{rank}"
 
 
 def add_parser(commands: "argparse._SubParsersAction") -> None:
     parser = commands.add_parser(
         "run",
-        help="run a CUDA-written script here unchanged (redirect, drop-ins, fallbacks, strategy)",
+        help="run a CUDA-written script or module here unchanged (redirect, drop-ins, fallbacks, strategy)",
         description=__doc__.split("\n\n")[0],
     )
     parser.add_argument("--device", default=None, help="npu, cuda, xpu, mps or cpu (default: the best usable)")
     parser.add_argument("--strategy", default=None, help="attention strategy (default auto)")
     parser.add_argument("--profile", default=None, help="a profile (name or YAML): its strategy and Ascend options")
-    parser.add_argument("--report", default=None, help="write the summary as JSON here instead of printing it")
+    parser.add_argument(
+        "--report",
+        default=None,
+        help="write the summary as JSON here instead of printing it; under torchrun '{rank}' in the path is the "
+        "rank (without it each rank's file gets a .rankN suffix)",
+    )
     parser.add_argument(
         "--force-dropins",
         action="store_true",
@@ -36,56 +46,123 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
         action="store_true",
         help="make torch.cuda.is_available() return True (for scripts that refuse to run otherwise)",
     )
-    parser.add_argument("script", help="the Python script to run")
+    parser.add_argument(
+        "--watch",
+        action="append",
+        default=[],
+        metavar="FOLDER",
+        help="another folder holding the project's modules (besides the working directory and the entry point's); "
+        "repeatable",
+    )
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="pkg.mod:name=my_mod:name",
+        help="replace a function or class in a project module with your own, as the module is imported; repeatable",
+    )
+    parser.add_argument(
+        "--keep-device-checks",
+        action="store_true",
+        help="leave the project's `x.device.type == 'cuda'` / `.is_cuda` checks as written (default: the target "
+        "device reads as cuda there)",
+    )
+    parser.add_argument("-m", dest="as_module", action="store_true", help="run a module, as python -m does")
+    parser.add_argument("target", metavar="script.py | module", help="the script (or, with -m, the module) to run")
     parser.add_argument("arguments", nargs=argparse.REMAINDER, help="the script's own arguments")
 
 
-def _exit_code(exc: SystemExit) -> int:
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code
-    print(exc.code, file=sys.stderr)
-    return 1
+def rank_report_path(path: str, environ: Mapping[str, str]) -> str:
+    """``path`` for this process: ``{rank}`` replaced by ``RANK``; under several ranks without the placeholder, a
+    ``.rankN`` suffix before the extension — so ranks never overwrite one another's report."""
+    rank = environ.get("RANK")
+    world = environ.get("WORLD_SIZE")
+    if RANK_FIELD in path:
+        return path.replace(RANK_FIELD, rank if rank is not None else "0")
+    if rank is not None and world is not None and world.isdigit() and int(world) > 1:
+        stem, extension = os.path.splitext(path)
+        return f"{stem}.rank{rank}{extension}"
+    return path
 
 
-def _write_report(path: str, summary: Any) -> None:
+def _check_report_path(path: str) -> None:
+    from ..errors import RunError
+
+    if os.path.isdir(path):
+        raise RunError(f"--report {path!r} is a folder; give a file path such as run.json")
+    parent = os.path.dirname(os.path.abspath(path))
+    existing = parent
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise RunError(f"--report {path!r}: cannot write in {existing}")
+
+
+def _write_report(path: str, summary: Dict[str, Any]) -> None:
     from ..atomic import write_json
 
     write_json(path, summary)
 
 
-def run(args: argparse.Namespace, script_globals: Optional[dict] = None) -> int:
-    from ..errors import NpuPortError
-    from ..runtime import activate
+def _format_stop(summary: Dict[str, Any]) -> str:
+    outcome = summary["outcome"]
+    lines = []
+    if outcome["status"] != "completed":
+        lines.append(f"  stopped: {outcome['status']}, exit code {outcome['exit_code']}" +
+                     (f" ({outcome['error']})" if outcome["error"] else ""))  # fmt: skip
+    if summary.get("hint"):
+        lines.append(f"  hint: {summary['hint']}")
+    return "\n".join(lines)
 
-    script = os.path.abspath(args.script)
-    if not os.path.isfile(script):
-        raise NpuPortError(f"no such script: {args.script!r}")
-    directory = os.path.dirname(script)
+
+def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> int:
+    from ..device.redirect.install import UNAVAILABLE
+    from ..runtime import activate
+    from ..runtime.launch import cuda_refusal_hint, run_entry
+    from ..runtime.locate import resolve_entry, watch_roots
+    from ..runtime.overrides import Overrides
+
+    environ = os.environ if environ is None else environ
+    entry = resolve_entry(args.target, args.as_module)
+    roots = watch_roots(entry, args.watch)
+    report = rank_report_path(args.report, environ) if args.report else None
+    if report:
+        _check_report_path(report)
+    overrides = Overrides.parse(args.override)
+    for item in overrides.items:
+        item.check_locatable([entry.sys_path0, *sys.path])
     activation = activate(
         args.device,
         args.strategy,
         args.profile,
-        watch=[directory],
+        watch=roots,
         force_dropins=args.force_dropins,
         cuda_available=args.cuda_available,
+        overrides=args.override,
+        device_checks=not args.keep_device_checks,
     )
-    saved_argv, saved_path = list(sys.argv), list(sys.path)
-    sys.argv = [script, *args.arguments]
-    sys.path.insert(0, directory)
-    code = 0
+    outcome = None
     try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:
-        code = _exit_code(exc)
+        outcome = run_entry(entry, args.arguments, transform=activation.transform, init_globals=activation.init_globals)
     finally:
         summary = activation.summary()
         text = activation.format_summary()
-        sys.argv, sys.path[:] = saved_argv, saved_path
         activation.deactivate()
-        if args.report:
-            _write_report(args.report, {**summary, "script": script, "exit_code": code})
-        else:
-            print(text, file=sys.stderr)
-    return code
+    hint = cuda_refusal_hint(outcome, summary["redirect"]["hits"].get(UNAVAILABLE, 0), args.cuda_available)
+    summary.update(
+        script=entry.path,
+        entry_point={"kind": entry.kind, "name": entry.name, "path": entry.path},
+        outcome=outcome.as_dict(),
+        exit_code=outcome.exit_code,
+        hint=hint,
+        rank=environ.get("RANK"),
+    )
+    prefix = f"[rank {environ['RANK']}] " if "RANK" in environ and report is None else ""
+    stop = _format_stop(summary)
+    if report:
+        _write_report(report, summary)
+        if hint:
+            print(f"npu-port run: {hint}", file=sys.stderr)
+    else:
+        print(prefix + text + (f"\n{stop}" if stop else ""), file=sys.stderr)
+    return outcome.exit_code

@@ -1,5 +1,6 @@
 """``npu-port strategies``: every strategy and profile, whether it can run here (and why not); ``--explain`` applies
-one to a tiny diffusers model, runs it, and prints what was decided per attention shape."""
+one to a tiny diffusers model, runs it, and prints what was decided per attention shape. A strategy file that cannot
+be loaded is named with its error on stderr (``"broken"`` in ``--json``) and the rest are still listed."""
 
 from __future__ import annotations
 
@@ -104,7 +105,9 @@ def explain(strategy: str, model_name: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..strategy.registry import list_strategies, searched_locations
+    import sys
+
+    from ..strategy.registry import searched_locations, survey
 
     if args.show:
         print(show(args.show))
@@ -112,9 +115,14 @@ def run(args: argparse.Namespace) -> int:
     if args.explain:
         print(explain(args.explain, args.model))
         return 0
-    entries = [strategy_entry(name) for name in list_strategies()]
+    names, broken = survey()
+    for entry in broken:  # one broken file is reported and skipped; the other strategies are still listed
+        print(f"npu-port: warning: {entry.describe()}", file=sys.stderr)
+    entries = [strategy_entry(name) for name in names]
     if args.json:
-        print(json.dumps({"strategies": entries, "searched": searched_locations()}, indent=2, default=str))
+        broken_rows = [{"name": b.name, "path": b.path, "error": str(b.error)} for b in broken]
+        data = {"strategies": entries, "broken": broken_rows, "searched": searched_locations()}
+        print(json.dumps(data, indent=2, default=str))
     else:
         print(render(entries, searched_locations()))
     return 0

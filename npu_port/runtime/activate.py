@@ -3,16 +3,20 @@
 In order: the profile's Ascend options (a dry run off an NPU), the cuda -> device redirect, the flash_attn / xformers
 drop-ins (a real, working package wins unless forced), the compiled-extension fallbacks (RAFT's ``alt_cuda_corr``),
 the process-wide attention strategy (what the drop-ins and patched legacy attention call), the profile's
-``safe_math`` (float32 autocast, TF32 off), diffusers' ``enable_xformers_memory_efficient_attention`` hook, and the
-legacy-attention patch for classes in the user's own modules as they are imported. :meth:`Activation.deactivate`
-undoes all of it in reverse order; :meth:`Activation.summary` says what was installed and how often each piece was
-used.
+``safe_math`` (float32 autocast, TF32 off), diffusers' ``enable_xformers_memory_efficient_attention`` hook (when
+the project imports diffusers, not before: importing it ourselves costs seconds, and diffusers imports xformers —
+the drop-in — as soon as it looks available), and an import watcher over the project's own modules that, as each
+is imported, rewrites its device-type checks (:mod:`.device_checks`), routes its legacy attention classes and
+applies the user's ``overrides``.
+:meth:`Activation.deactivate` undoes all of it in reverse order; :meth:`Activation.summary` says what was installed
+and how often each piece was used.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -32,7 +36,23 @@ class Activation:
     fallbacks: List[str] = field(default_factory=list)
     legacy_classes: List[str] = field(default_factory=list)
     safe_math: Optional[Dict[str, bool]] = None  # what the profile's safe_math forced, if anything
+    watched_roots: List[str] = field(default_factory=list)
+    device_checks: Optional[Any] = None  # the DeviceChecks rewriting the project's device-type checks
+    overrides: Optional[Any] = None  # the Overrides applied as their modules are imported
+    watcher: Optional[Any] = None  # the ImportWatcher over the project's modules
     _undo: List[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    @property
+    def transform(self) -> Optional[Callable[..., Any]]:
+        """What compiles the project's own files (the entry script too): the device-check rewrite, if on."""
+        return self.device_checks.transform if self.device_checks is not None else None
+
+    @property
+    def init_globals(self) -> Dict[str, Any]:
+        """Globals the rewritten entry point needs."""
+        from .device_checks import HELPER
+
+        return {HELPER: self.device_checks} if self.device_checks is not None else {}
 
     def summary(self) -> Dict[str, Any]:
         """Device, strategy, and for every piece what was patched and how often it was hit (JSON-ready)."""
@@ -55,6 +75,12 @@ class Activation:
                 "why": {k: v for k, v in reasons.items() if k in self.fallbacks},
             },
             "legacy_attention_classes": list(self.legacy_classes),
+            "project": {
+                "watched_roots": list(self.watched_roots),
+                "modules": list(self.watcher.watched) if self.watcher is not None else [],
+            },
+            "device_checks": self.device_checks.summary() if self.device_checks is not None else None,
+            "overrides": self.overrides.summary() if self.overrides is not None else [],
             "safe_math": self.safe_math,
             "npu_options": self.npu_options.as_dict() if self.npu_options is not None else None,
         }
@@ -71,6 +97,13 @@ class Activation:
             f"  stand-ins served: {', '.join(served) or 'none'}",
             f"  legacy attention classes routed: {', '.join(data['legacy_attention_classes']) or 'none'}",
         ]
+        checks = data["device_checks"]
+        if checks:
+            lines.append(f"  device-type checks that see {data['device']} as cuda ({len(checks)}):")
+            lines += [f"    {c['module']}:{c['line']}: {c['code']}  (x{c['hits']})" for c in checks]
+        for item in data["overrides"]:
+            state = "applied" if item["applied"] else "NOT applied: the module was never imported"
+            lines.append(f"  override {item['target']} -> {item['replacement']}: {state}")
         if data["npu_options"] is not None:
             mode = "dry run" if data["npu_options"]["dry_run"] else "applied"
             lines.append(f"  Ascend options ({mode}): {len(data['npu_options']['actions'])} settings")
@@ -90,12 +123,17 @@ def activate(
     watch: Sequence[str] = (),
     force_dropins: bool = False,
     cuda_available: bool = False,
+    overrides: Sequence[str] = (),
+    device_checks: bool = True,
 ) -> Activation:
     """Install everything that lets a CUDA-written project run on ``device`` (default: the detected one).
 
-    ``strategy`` (default ``auto``) or ``profile`` (its strategy and its Ascend options); ``watch``: directories
-    whose modules get their legacy attention classes routed as they are imported (``npu-port run`` passes the
-    script's directory). A failure half-way undoes what was already installed.
+    ``strategy`` (default ``auto``) or ``profile`` (its strategy and its Ascend options); ``watch``: the folders
+    holding the project's own modules, which as they are imported get their device-type checks rewritten (unless
+    ``device_checks=False``) and their legacy attention classes routed (``npu-port run`` passes the working
+    directory, the entry point's folders and ``--watch``); ``overrides``: ``"pkg.mod:func=my_mod:func"`` strings,
+    each applied when ``pkg.mod`` is imported (at once if it already is). A failure half-way undoes what was already
+    installed.
     """
     import npu_port
 
@@ -103,10 +141,13 @@ def activate(
     from ..integrations.legacy_attention import hook_enable_xformers, is_legacy_attention_class, patch_legacy_attention
     from ..shims.dropins import install_dropins, uninstall_dropins
     from ..shims.fallbacks import install_builtin_fallbacks, uninstall_builtin_fallbacks
+    from .device_checks import DeviceChecks
+    from .overrides import Overrides
     from .watch_imports import ImportWatcher
 
     if strategy and profile:
         raise NpuPortError("give a strategy or a profile, not both (a profile names its own strategy)")
+    requested = Overrides.parse(overrides)  # malformed specs fail before anything is installed
     undo: List[Callable[[], None]] = []
     try:
         options = npu_port.apply_npu_options(profile) if profile else None
@@ -126,8 +167,6 @@ def activate(
 
             safe_math = force_safe_math(**handle.strategy.safe_math)
             undo.append(safe_math.restore)
-        unhook = hook_enable_xformers()
-        undo.append(unhook)
         activation = Activation(redirect.target, handle, redirect, options, list(dropins), list(fallbacks))
         activation.safe_math = dict(handle.strategy.safe_math) if safe_math is not None else None
 
@@ -138,9 +177,29 @@ def activate(
                     undo.append(patch.restore)
                     activation.legacy_classes.append(f"{module.__name__}.{value.__qualname__}")
 
-        if watch:
-            watcher = ImportWatcher([os.path.abspath(path) for path in watch], route_legacy).install()
-            undo.append(watcher.uninstall)
+        roots = [os.path.abspath(path) for path in watch]
+        activation.watched_roots = roots
+        activation.device_checks = DeviceChecks(redirect.target.type) if device_checks and roots else None
+        activation.overrides = requested
+        undo.append(requested.restore)
+
+        def hook_diffusers() -> None:  # importing diffusers ourselves would cost seconds and import xformers
+            undo.append(hook_enable_xformers())
+
+        def on_import(module: ModuleType) -> None:
+            if module.__name__ == "diffusers":
+                hook_diffusers()
+            requested.on_import(module)
+            if activation.watcher is not None and activation.watcher.is_project_file(getattr(module, "__file__", None)):
+                route_legacy(module)
+
+        activation.watcher = ImportWatcher(
+            roots, on_import, transform=activation.transform, names=[*requested.names, "diffusers"]
+        ).install()
+        undo.append(activation.watcher.uninstall)
+        if "diffusers" in sys.modules:
+            hook_diffusers()
+        requested.apply_imported()
     except BaseException:
         while undo:
             undo.pop()()

@@ -54,6 +54,9 @@ _registry: Dict[str, Replacement] = {}
 class _StandInLoader(importlib.abc.Loader):
     """Creates ``fullname`` as a fresh module and fills it from the npu-port module that implements it."""
 
+    #: How :func:`npu_port._optional.probe` tells a stand-in's spec from the real package's without importing it.
+    npu_port_stand_in = True
+
     def __init__(self, replacement: Replacement, fullname: str):
         self.replacement = replacement
         self.fullname = fullname

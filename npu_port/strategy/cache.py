@@ -1,9 +1,16 @@
 """The on-disk cache of auto's decisions, so that the second run of a model pays nothing for probing.
 
-One JSON file per (device model, torch / torch_npu / diffusers / npu-port versions, strategy fingerprint): a new
-driver stack or another GPU model measures afresh instead of trusting stale numbers. Writes are atomic
-(:mod:`npu_port.atomic`: a unique temporary file + ``os.replace``) and merge with what another process may have
-written meanwhile; a corrupt or unreadable file is ignored (and rewritten), never fatal — it is a cache.
+One JSON file per (device model, versions of everything a decision depends on, strategy fingerprint): a new driver
+stack, another GPU model, or a kernel's package installed, upgraded, removed or broken measures afresh instead of
+trusting stale numbers. The packages in the key are not a hand-kept list: they are the ``package`` each candidate
+kernel declares (what it probes through :func:`npu_port._optional.probe`), plus torch and diffusers, each recorded as
+its version, ``"absent"`` or ``"broken"``. Writes are atomic (:mod:`npu_port.atomic`: a unique temporary file +
+``os.replace``) and merge with what another process may have written meanwhile.
+
+It is a cache, so nothing in it is trusted: a corrupt file or a malformed entry (a string where a decision should be,
+a missing field) is a cache miss, said in ``explain()`` and as a logged warning naming the file and the entry, then
+measured again and overwritten. The router adds the checks that need the call (the kernel is no candidate, or cannot
+run the call now).
 
 Location: ``NPU_PORT_CACHE_DIR``, else ``$XDG_CACHE_HOME/npu-port``, else ``~/.cache/npu-port``; files live in its
 ``auto/`` folder.
@@ -13,19 +20,27 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from .._optional import probe
 from .._version import __version__
 from ..atomic import write_json
+from ..attn.kernels.base import Kernel
 from ..device import device_name
 from .decision import Decision
 
 FORMAT = 1
+
+logger = logging.getLogger("npu_port.strategy")
+
+#: Packages every decision depends on whatever the candidates (the kernels' own packages are added to these).
+BASE_PACKAGES = ("torch", "diffusers")
 
 
 def cache_root() -> Path:
@@ -36,29 +51,50 @@ def cache_root() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "npu-port"
 
 
-def _version(distribution: str) -> Optional[str]:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
+def kernel_packages(kernels: Iterable[Kernel]) -> List[str]:
+    """The optional packages these kernels need (their declared ``package``), sorted, without repeats."""
+    return sorted({kernel.package for kernel in kernels if kernel.package})
 
 
-def environment(device: torch.device) -> Dict[str, Any]:
-    """What a measurement depends on besides the shapes (the cache key)."""
-    return {
-        "device": device_name(device),
-        "torch": torch.__version__,
-        "torch_npu": _version("torch-npu") or _version("torch_npu"),
-        "diffusers": _version("diffusers"),
-        "npu_port": __version__,
-    }
+def _distribution_version(name: str) -> Optional[str]:
+    for distribution in (name, name.replace("_", "-")):
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def package_state(name: str) -> str:
+    """A kernel package as the cache key sees it: its version, ``"absent"`` or ``"broken"`` (installed but not
+    importable), as :func:`npu_port._optional.probe` finds it — a stand-in module in ``sys.modules`` included."""
+    status = probe(name)
+    if not status.ok:
+        return "broken" if status.reason is not None and status.reason.code == "package-broken" else "absent"
+    version = getattr(status.module, "__version__", None)
+    return str(version) if version else (_distribution_version(name) or "unknown version")
+
+
+def environment(device: torch.device, packages: Iterable[str] = ()) -> Dict[str, Any]:
+    """What a measurement depends on besides the shapes and the strategy (the cache key)."""
+    found: Dict[str, Any] = {"device": device_name(device), "npu_port": __version__, "torch": torch.__version__}
+    found["diffusers"] = _distribution_version("diffusers") or "absent"  # not imported just to be named
+    for name in sorted(set(packages) - set(BASE_PACKAGES)):
+        found[name] = package_state(name)
+    return found
 
 
 class DecisionCache:
     """Decisions of one strategy configuration on one device, backed by one JSON file."""
 
-    def __init__(self, device: torch.device, fingerprint: Dict[str, Any], root: Optional[Path] = None) -> None:
-        self.environment = environment(device)
+    def __init__(
+        self,
+        device: torch.device,
+        fingerprint: Dict[str, Any],
+        root: Optional[Path] = None,
+        packages: Iterable[str] = (),
+    ) -> None:
+        self.environment = environment(device, packages)
         self.fingerprint = fingerprint
         key = json.dumps({"environment": self.environment, "strategy": fingerprint}, sort_keys=True, default=str)
         digest = hashlib.sha256(key.encode()).hexdigest()[:20]
@@ -66,32 +102,58 @@ class DecisionCache:
         self.loads = 0
         self.writes = 0
         self.error: Optional[str] = None  # why the last write failed, shown by explain()
+        self.ignored: List[str] = []  # what was found corrupt or stale and measured again, shown by explain()
+        self._file_reported = False
 
-    def _read(self) -> Dict[str, Any]:
+    def _read(self) -> Tuple[Dict[str, Any], Optional[str]]:
+        """The stored entries (not yet checked), and what is wrong with the file as a whole, if anything."""
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("decisions"), dict):
-            return {}
-        return data["decisions"]
+        except FileNotFoundError:
+            return {}, None
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+            return {}, f"cannot be read as JSON ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        if not isinstance(data, dict) or not isinstance(data.get("decisions"), dict):
+            return {}, "is not an npu-port decision cache (no 'decisions' object)"
+        if data.get("format") != FORMAT:
+            return {}, f"has format {data.get('format')!r}, this npu-port writes {FORMAT}"
+        return data["decisions"], None
+
+    def ignore(self, bucket: str, problem: str) -> None:
+        """Record (for explain()) and log that ``bucket``'s entry is not used: it will be measured again."""
+        line = f"disk cache entry {bucket!r} in {self.path} ignored: {problem}; measuring again"
+        line += " (it will be overwritten)"
+        self.ignored.append(line)
+        logger.warning("%s", line)
 
     def get(self, bucket: str) -> Optional[Decision]:
-        entry = self._read().get(bucket)
-        if entry is None:
+        """The stored decision for ``bucket``, or None (no entry, or one that is corrupt: see :meth:`ignore`)."""
+        entries, file_problem = self._read()
+        if file_problem is not None:
+            if not self._file_reported:
+                self._file_reported = True
+                line = f"disk cache file {self.path} {file_problem}: ignored; measuring again (it will be rewritten)"
+                self.ignored.append(line)
+                logger.warning("%s", line)
+            return None
+        if bucket not in entries:
             return None
         try:
-            decision = Decision.from_dict(entry)
-        except (KeyError, TypeError, ValueError):
+            decision = Decision.from_dict(entries[bucket], bucket)
+        except ValueError as exc:
+            self.ignore(bucket, f"malformed entry ({exc})")
             return None
         decision.source = "disk cache"
-        self.loads += 1
         return decision
+
+    def loaded(self) -> None:
+        """Count a stored decision the router accepted."""
+        self.loads += 1
 
     def put(self, decision: Decision) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            decisions = self._read()
+            decisions, _ = self._read()
             decisions[decision.bucket] = decision.to_dict()
             payload = {
                 "format": FORMAT,

@@ -8,6 +8,7 @@ cached on disk and shown by ``explain()``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -93,14 +94,29 @@ class Decision:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Dict[str, Any]) -> "Decision":
-        candidates = [CandidateResult(**c) for c in data.get("candidates", [])]
+    def from_dict(cls, data: Any, bucket: Optional[str] = None) -> "Decision":
+        """A decision read back from the disk cache, checked field by field: anything another version, a crash or a
+        hand edit could have left (a string for a decision, a missing field, a status or number of the wrong kind)
+        raises :class:`ValueError` saying what, so that the caller can treat the entry as a cache miss."""
+        _expect(isinstance(data, dict), f"expected a JSON object, found {_kind(data)}")
+        unknown = sorted(set(data) - _DECISION_FIELDS)
+        _expect(not unknown, f"unknown field {unknown[0]!r}" if unknown else "")
+        for name in ("bucket", "kernel", "select", "source"):
+            _expect(isinstance(data.get(name, ""), str), f"{name} must be a string, found {_kind(data.get(name))}")
+        _expect(bool(data.get("kernel")), "no kernel named")
+        _expect("bucket" in data, "no bucket named")
+        if bucket is not None:
+            _expect(data["bucket"] == bucket, f"recorded for bucket {data['bucket']!r}, not this one")
+        entries = data.get("candidates", [])
+        _expect(isinstance(entries, list), f"candidates must be a list, found {_kind(entries)}")
+        probe_seconds = data.get("probe_seconds", 0.0)
+        _expect(_is_number(probe_seconds), f"probe_seconds must be a number, found {_kind(probe_seconds)}")
         return cls(
             bucket=data["bucket"],
             kernel=data["kernel"],
             select=data.get("select", "measure"),
-            candidates=candidates,
-            probe_seconds=float(data.get("probe_seconds", 0.0)),
+            candidates=[_candidate(entry, i) for i, entry in enumerate(entries)],
+            probe_seconds=float(probe_seconds),
             source=data.get("source", "measured"),
         )
 
@@ -113,3 +129,40 @@ class Decision:
             lines.append(f"  {marker} {candidate.kernel:<{width}}  {candidate.describe()}")
         lines.append(f"    -> {self.kernel}")
         return lines
+
+
+STATUSES = (PICKED, OK, REJECTED, REFUSED, SKIPPED, "not tried")
+_DECISION_FIELDS = {"bucket", "kernel", "select", "candidates", "probe_seconds", "source"}
+_CANDIDATE_FIELDS = {"kernel", "status", "reasons", "median_s", "runs", "parity_error", "tolerance"}
+
+
+def _expect(condition: bool, problem: str) -> None:
+    if not condition:
+        raise ValueError(problem)
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _candidate(data: Any, index: int) -> CandidateResult:
+    where = f"candidate {index}"
+    _expect(isinstance(data, dict), f"{where}: expected a JSON object, found {_kind(data)}")
+    unknown = sorted(set(data) - _CANDIDATE_FIELDS)
+    _expect(not unknown, f"{where}: unknown field {unknown[0]!r}" if unknown else "")
+    _expect(isinstance(data.get("kernel"), str), f"{where}: kernel must be a string")
+    _expect(data.get("status") in STATUSES, f"{where}: status {data.get('status')!r} is not one of {STATUSES}")
+    reasons = data.get("reasons", [])
+    _expect(isinstance(reasons, list) and all(isinstance(r, str) for r in reasons), f"{where}: bad reasons")
+    for name in ("median_s", "parity_error", "tolerance"):
+        value = data.get(name)
+        _expect(value is None or _is_number(value), f"{where}: {name} must be a number or null, found {_kind(value)}")
+    runs = data.get("runs", 0)
+    _expect(isinstance(runs, int) and not isinstance(runs, bool) and runs >= 0, f"{where}: bad runs {runs!r}")
+    if data.get("parity_error") is not None:
+        _expect(data.get("tolerance") is not None, f"{where}: a parity error without its tolerance")
+    return CandidateResult(**data)

@@ -38,12 +38,27 @@ def strategy_files(directory: Path) -> List[Path]:
     return sorted(p for p in directory.iterdir() if p.suffix in SUFFIXES and p.is_file())
 
 
+def decode(data: bytes, path: str) -> str:
+    """A file's bytes as text, or a :class:`StrategyFileError` giving the line and byte offset of the first byte that
+    is not UTF-8 (YAML files are UTF-8; a file saved in a legacy code page fails here, not with a traceback)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise StrategyFileError(
+            path,
+            line,
+            f"not UTF-8 text: byte 0x{data[exc.start]:02x} at byte offset {exc.start} cannot be decoded "
+            "(strategy files must be UTF-8; re-save the file as UTF-8)",
+        ) from None
+
+
 def read_file(path: Path) -> RawStrategy:
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise StrategyFileError(str(path), 1, f"cannot read the file: {exc.strerror or exc}") from None
-    raw = parse(text, str(path))
+    raw = parse(decode(data, str(path)), str(path))
     raw.data.setdefault("name", path.stem)
     raw.lines.setdefault("name", 1)
     return raw

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from ..attn.api import run_kernel
 from ..attn.call import AttentionCall
 from ..attn.kernels.base import Kernel
 from ..attn.masks import CanonicalMask
@@ -78,13 +79,14 @@ def reference_output(sliced: AttentionCall) -> Tensor:
     ref_call = replace(
         sliced, query=sliced.query.to(dtype), key=sliced.key.to(dtype), value=sliced.value.to(dtype), mask=mask
     )
-    return get_kernel("math").run(ref_call)
+    return run_kernel(ref_call, get_kernel("math"))
 
 
 def parity_error(kernel: Kernel, sliced: AttentionCall, reference: Tensor) -> Tuple[float, float]:
-    """(max abs error relative to the reference's scale, the tolerance); NaN/inf give an infinite error."""
-    out = kernel.run(sliced).to(reference.dtype)
-    if not bool(torch.isfinite(out).all()):
+    """(max abs error relative to the reference's scale, the tolerance). Fails closed: NaN/inf in the output, or in
+    the reference (then nothing can be shown to agree with it), give an infinite error."""
+    out = run_kernel(sliced, kernel).to(reference.dtype)
+    if not (bool(torch.isfinite(out).all()) and bool(torch.isfinite(reference).all())):
         return float("inf"), 0.0
     scale = max(1.0, float(reference.abs().max())) if reference.numel() else 1.0
     error = float((out - reference).abs().max()) / scale if reference.numel() else 0.0
@@ -101,7 +103,7 @@ def _first_run(kernel: Kernel, call: AttentionCall) -> float:
     """One run on the real inputs, whose output must be free of NaN / inf; its synchronised seconds."""
     synchronize(call.device)
     start = time.perf_counter()
-    out = kernel.run(call)
+    out = run_kernel(call, kernel)
     synchronize(call.device)
     seconds = time.perf_counter() - start
     if not bool(torch.isfinite(out).all()):
@@ -182,6 +184,7 @@ def measure(
     with torch.no_grad():
         sliced = parity_slice(call, parity_rows)
         reference = reference_output(sliced)
+        reference_finite = bool(torch.isfinite(reference).all())
         survivors: List[Tuple[Kernel, CandidateResult]] = []
         first: Dict[str, float] = {}  # each survivor's first run on the real inputs (seconds)
         for kernel in runnable:  # parity on the slice, then one run (NaN check, first time) on the real inputs
@@ -192,13 +195,20 @@ def measure(
                 continue
             try:
                 error, tolerance = parity_error(kernel, sliced, reference)
-                if error > tolerance:
-                    what = "NaN or inf in the output" if error == float("inf") else f"max error {error:.2e}"
+                if not error <= tolerance:  # written so that a NaN error is a rejection too
+                    if not reference_finite:
+                        why = (
+                            "the math kernel itself gives NaN or inf on these inputs (NaN or inf in query, key, "
+                            "value or mask), so no output can be checked against it"
+                        )
+                    else:
+                        what = "NaN or inf in the output" if error == float("inf") else f"max error {error:.2e}"
+                        why = f"disagrees with the math kernel: {what} > {tolerance:.0e}"
                     results.append(
                         CandidateResult(
                             kernel.name,
                             REJECTED,
-                            [f"disagrees with the math kernel: {what} > {tolerance:.0e}"],
+                            [why],
                             parity_error=error,
                             tolerance=tolerance,
                         )

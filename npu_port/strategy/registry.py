@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -35,14 +37,41 @@ def _builtin_files() -> Dict[str, Path]:
 
 
 def _user_files() -> Dict[str, Path]:
+    """User files by name, without those that try to take a built-in name (see :func:`_name_clashes`)."""
     builtins = _builtin_files()
-    found = _files(user_dirs())
-    for name, path in found.items():
-        if name in builtins:
-            raise StrategyFileError(
+    return {name: path for name, path in _files(user_dirs()).items() if name not in builtins}
+
+
+def _name_clashes() -> List[Tuple[str, Path, StrategyFileError]]:
+    """User files named like a built-in: refused (the built-in keeps its meaning) and reported, not fatal."""
+    builtins = _builtin_files()
+    return [
+        (
+            name,
+            path,
+            StrategyFileError(
                 str(path), 1, f"{name!r} is a built-in strategy name; rename the file and use 'extends: {name}'"
-            )
-    return found
+            ),
+        )
+        for name, path in _files(user_dirs()).items()
+        if name in builtins
+    ]
+
+
+@dataclass(frozen=True)
+class BrokenStrategy:
+    """A strategy file that cannot be loaded: listings skip it and say why; asking for it by name raises ``error``."""
+
+    name: str
+    path: str
+    error: StrategyFileError
+
+    def describe(self) -> str:
+        return f"strategy {self.name!r} skipped: {self.error}"
+
+
+class StrategyFileWarning(UserWarning):
+    """A strategy file on the search path is broken and was left out of a listing."""
 
 
 def load_strategy_file(path: Union[str, os.PathLike]) -> Strategy:
@@ -72,18 +101,44 @@ def load_strategy_file(path: Union[str, os.PathLike]) -> Strategy:
     return cached
 
 
+def survey(kind: Optional[str] = None) -> Tuple[List[str], List[BrokenStrategy]]:
+    """Every strategy that loads (built-ins first, then code-registered, then user files), and every file that does
+    not, with its error — one broken file never hides the others. ``kind``: ``"strategy"`` or ``"profile"``."""
+    if kind not in (None, "strategy", "profile"):
+        raise ValueError(f"kind must be 'strategy', 'profile' or None; got {kind!r}")
+    loaded: Dict[str, Optional[Strategy]] = {}
+    broken: List[BrokenStrategy] = []
+    for name, path in _builtin_files().items():
+        loaded[name] = _load_or_record(name, path, broken)
+    for name, strategy in _CODE.items():
+        loaded.setdefault(name, strategy)
+    for name, path in _user_files().items():
+        if name not in loaded:  # a code-registered strategy of the same name is the one get_strategy returns
+            loaded[name] = _load_or_record(name, path, broken)
+    broken += [BrokenStrategy(name, str(path), error) for name, path, error in _name_clashes()]
+    names = [n for n, strategy in loaded.items() if strategy is not None and (kind is None or strategy.kind == kind)]
+    return names, broken
+
+
+def _load_or_record(name: str, path: Path, broken: List[BrokenStrategy]) -> Optional[Strategy]:
+    try:
+        return load_strategy_file(path)
+    except StrategyFileError as exc:
+        broken.append(BrokenStrategy(name, str(path), exc))
+        return None
+
+
 def list_strategies(kind: Optional[str] = None) -> List[str]:
     """Names of every strategy and profile: built-ins first, then code-registered, then user files.
 
-    ``kind``: ``"strategy"`` or ``"profile"`` to list only those.
+    ``kind``: ``"strategy"`` or ``"profile"`` to list only those. A file that cannot be loaded is left out with a
+    :class:`StrategyFileWarning` naming it and its error (:func:`survey` returns them as data); asking for it by
+    name with :func:`get_strategy` raises that error.
     """
-    names = list(_builtin_files()) + [n for n in _CODE] + [n for n in _user_files()]
-    names = list(dict.fromkeys(names))
-    if kind is None:
-        return names
-    if kind not in ("strategy", "profile"):
-        raise ValueError(f"kind must be 'strategy', 'profile' or None; got {kind!r}")
-    return [n for n in names if get_strategy(n).kind == kind]
+    names, broken = survey(kind)
+    for entry in broken:
+        warnings.warn(entry.describe(), StrategyFileWarning, stacklevel=2)
+    return names
 
 
 def searched_locations() -> List[str]:
@@ -103,7 +158,7 @@ def get_strategy(name: str) -> Strategy:
     user = _user_files().get(name)
     if user is not None:
         return load_strategy_file(user)
-    raise UnknownStrategyError(name, list_strategies(), searched_locations())
+    raise UnknownStrategyError(name, survey()[0], searched_locations())
 
 
 def register_strategy(

@@ -18,12 +18,13 @@ from torch import Tensor
 
 from ..attn.api import run_call
 from ..attn.call import AttentionCall
+from ..attn.contract import finish_unmasked
 from ..attn.kernels.base import Kernel
 from ..attn.registry import get_kernel
 from ..attn.select import runnable_kernels
 from ..device import free_memory_bytes
 from ..errors import KernelUnavailableError, NoKernelError, StrategyError
-from .cache import DecisionCache
+from .cache import DecisionCache, kernel_packages
 from .cast import CastKernel
 from .decision import PICKED, REFUSED, CandidateResult, Decision, bucket_key, bucket_signature
 from .measure import measure
@@ -60,6 +61,15 @@ def fingerprint(strategy: Strategy) -> Dict[str, Any]:
         "options": {k: strategy.option(k) for k in ("memory_budget", "sdpa_backends", "dtype_policy", "compute_dtype")},
         "kernel_options": {k: dict(v) for k, v in sorted(strategy.kernel_options.items())},
     }
+
+
+def _held_to_contract(runner: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """A prepared runner whose output keeps the inputs' NaN as every other path does (see npu_port.attn.contract)."""
+
+    def run(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        return finish_unmasked(runner(query, key, value), query, key, value)
+
+    return run
 
 
 class StrategyRouter:
@@ -163,15 +173,34 @@ class StrategyRouter:
             return None
         key = str(call.device)
         if key not in self.caches:
-            self.caches[key] = DecisionCache(call.device, fingerprint(self.strategy))
+            self.caches[key] = DecisionCache(
+                call.device, fingerprint(self.strategy), packages=kernel_packages(self.kernels)
+            )
         return self.caches[key]
+
+    def _stale(self, cached: Decision, call: AttentionCall) -> Optional[str]:
+        """Why a stored decision cannot be used for ``call`` now (None: it can): its kernel is no candidate of this
+        strategy (renamed, unregistered), or cannot run the call here any more (its package was removed or broke,
+        the device went away) — the kernel's own reasons say which."""
+        for kernel in self.kernels:
+            form, reasons = self._forms(kernel, call)
+            if form.name == cached.kernel:
+                if reasons:
+                    return f"kernel {cached.kernel!r} cannot run this call now: " + "; ".join(reasons)
+                return None
+        valid = ", ".join(dict.fromkeys(self._forms(k, call)[0].name for k in self.kernels))
+        return f"kernel {cached.kernel!r} is not a candidate of strategy {self.strategy.name!r} (candidates: {valid})"
 
     def _measured(self, call: AttentionCall, bucket: str) -> Decision:
         cache = self.cache_for(call)
         if cache is not None:
             cached = cache.get(bucket)
-            if cached is not None and any(self._forms(k, call)[0].name == cached.kernel for k in self.kernels):
-                return cached
+            if cached is not None:
+                problem = self._stale(cached, call)
+                if problem is None:
+                    cache.loaded()
+                    return cached
+                cache.ignore(bucket, problem)
         budget = self.strategy.option("memory_budget")
         if budget is None:
             free = free_memory_bytes(call.device)
@@ -252,7 +281,7 @@ class StrategyRouter:
             if runner is not None:
                 if len(self._prepared) >= MAX_PREPARED:  # shapes that never repeat (growing sequences): start over
                     self._prepared.clear()
-                self._prepared[signature] = (runner, kernel.name)
+                self._prepared[signature] = (_held_to_contract(runner), kernel.name)
         return run_call(call, kernel)
 
     # ---- reporting --------------------------------------------------------------------------------------------
@@ -272,6 +301,7 @@ class StrategyRouter:
             lines.append(f"  disk cache: {cache.path} ({cache.loads} decisions loaded, {cache.writes} written)")
             if cache.error:
                 lines.append(f"  disk cache not written: {cache.error}")
+            lines += [f"  {line}" for line in cache.ignored]
         if not self.decisions:
             lines.append("  no attention call yet: decisions are made per shape bucket at the first call")
         for decision in self.decisions.values():

@@ -88,6 +88,8 @@ def parse(text: str, path: str) -> RawStrategy:
         line = mark.line + 1 if mark is not None else 1
         problem = getattr(exc, "problem", None) or str(exc)
         raise StrategyFileError(path, line, f"not valid YAML: {problem}") from None
+    except (ValueError, TypeError, RecursionError) as exc:  # a value the safe loader cannot build (2024-13-45)
+        raise StrategyFileError(path, 1, f"not valid YAML: {type(exc).__name__}: {exc}") from None
     if not isinstance(data, dict):
         raise StrategyFileError(path, 1, "a strategy file must be a mapping of keys (name, description, kernel, ...)")
     lines: Dict[str, int] = {}

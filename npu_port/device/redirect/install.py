@@ -30,6 +30,8 @@ FACTORY_FUNCTIONS = (
 )  # fmt: skip
 #: Tensor methods whose ``device=`` keyword may name a CUDA device.
 TENSOR_FACTORY_METHODS = ("new_empty", "new_empty_strided", "new_full", "new_ones", "new_tensor", "new_zeros")
+#: The hit key counting ``torch.cuda.is_available()`` answering False (unless ``cuda_available=True``).
+UNAVAILABLE = "torch.cuda.is_available() -> False"
 
 _lock = threading.RLock()
 
@@ -119,6 +121,8 @@ def _plan(state: _Installed) -> List[Tuple[Any, str, Any]]:
     if state.cuda_available:
         plan.append((torch.cuda, "is_available", lambda: True))
         plan.append((torch.Tensor, "is_cuda", property(lambda self: self.device.type in ("cuda", state.target.type))))
+    else:
+        plan.append((torch.cuda, "is_available", _false_answers_counted(torch.cuda.is_available, hit(UNAVAILABLE))))
 
     if dist.is_available():
         import torch.distributed.distributed_c10d as c10d
@@ -153,6 +157,22 @@ def _cache_device_constructors() -> None:
     except ImportError:  # an older or newer torch without it: nothing to protect
         return
     _device_constructors()
+
+
+def _false_answers_counted(is_available: Any, hit: Any) -> Any:
+    """``torch.cuda.is_available``, still honest, counting its False answers: when a script then stops, npu-port run
+    can say it probably refused to run without CUDA, and suggest ``--cuda-available``."""
+
+    def counted() -> bool:
+        answer = is_available()
+        if not answer:
+            hit()
+        return answer
+
+    counted.__name__ = counted.__qualname__ = "is_available"
+    counted.__doc__ = is_available.__doc__
+    counted.__wrapped__ = is_available
+    return counted
 
 
 def _counted(function: Any, hit: Any) -> Any:

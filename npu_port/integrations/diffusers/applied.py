@@ -9,12 +9,20 @@ Restore undoes what the application did and nothing else: a module whose process
 since (IP-Adapter loading, ``set_attention_slice``, ``set_default_attn_processor``) keeps that newer processor —
 putting the old one back would, for instance, leave an IP-Adapter's image projection feeding tuples to a processor
 that cannot read them. Such modules are listed in ``AppliedAttention.left_alone``.
+
+Applications on one model stack, and their handles may be restored in any order. Each processor an application
+installs is a *layer* of its module, kept in one table for every application: when an application is restored while
+a newer one sits on top of its processor, nothing on the module changes, but the newer layer takes over the older
+one's original, so whichever is restored last puts back the processor that was there before either — never
+npu-port's own processor left behind.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections import Counter
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -52,6 +60,44 @@ def put_processor(module: nn.Module, processor: Any) -> None:
     module.processor = processor
 
 
+class ProcessorLayer:
+    """A processor an application installed on a module, and what to put back when it goes (``original``: updated
+    when an older application under this one is restored first)."""
+
+    __slots__ = ("name", "module", "original", "installed")
+
+    def __init__(self, name: str, module: nn.Module, original: Any, installed: Any) -> None:
+        self.name = name
+        self.module = module
+        self.original = original
+        self.installed = installed
+
+
+_layers_lock = threading.RLock()
+#: module -> the layers of every active application on it, oldest first (weak: a dropped model takes its entry).
+_LAYERS: "weakref.WeakKeyDictionary[nn.Module, List[ProcessorLayer]]" = weakref.WeakKeyDictionary()
+
+
+def _add_layer(layer: ProcessorLayer) -> None:
+    with _layers_lock:
+        _LAYERS.setdefault(layer.module, []).append(layer)
+
+
+def _take_layer(layer: ProcessorLayer) -> Optional[ProcessorLayer]:
+    """Remove ``layer`` from its module's table; the newer layer stacked on it (installed over its processor), to
+    which its original is handed down, or None when it is the top one."""
+    with _layers_lock:
+        stack = _LAYERS.get(layer.module, [])
+        if layer in stack:
+            stack.remove(layer)
+            if not stack:
+                del _LAYERS[layer.module]
+        above = next((other for other in stack if other.original is layer.installed), None)
+        if above is not None:
+            above.original = layer.original
+        return above
+
+
 class AppliedAttention:
     """An attention strategy applied to a diffusers target; :meth:`restore` undoes it (idempotent).
 
@@ -65,7 +111,7 @@ class AppliedAttention:
         self.modules: List[ModuleChange] = []
         self.tally = Tally()
         self.left_alone: List[str] = []
-        self._undo_processors: List[Tuple[str, nn.Module, Any, Any]] = []
+        self._undo_processors: List[ProcessorLayer] = []
         self._handles: List[RemovableHandle] = []
         self._unwatch: List[Callable[[], None]] = []
         self._lease: Optional[PatchLease] = None
@@ -77,7 +123,9 @@ class AppliedAttention:
         """Note a module before changing it; ``installed``: the processor about to be set (None: unchanged)."""
         self.modules.append(ModuleChange(name, type(original).__name__, action))
         if installed is not None:
-            self._undo_processors.append((name, module, original, installed))
+            layer = ProcessorLayer(name, module, original, installed)
+            self._undo_processors.append(layer)
+            _add_layer(layer)
 
     # ---- what happened ----------------------------------------------------------------------------------------
 
@@ -137,7 +185,8 @@ class AppliedAttention:
     def restore(self) -> None:
         """Stop watching, put back the original processor objects, remove the hooks, release the patches. Idempotent.
 
-        A module whose processor is no longer the one installed here keeps its current one (see ``left_alone``).
+        A module whose processor is no longer the one installed here keeps its current one (see ``left_alone``),
+        unless a newer application installed that one over ours: then that application restores our original.
         Every step is attempted even if one fails; the first failure is raised at the end.
         """
         if self._restored:
@@ -150,10 +199,13 @@ class AppliedAttention:
         for handle in reversed(self._handles):
             handle.remove()
         self._handles.clear()
-        for name, module, original, installed in reversed(self._undo_processors):
+        for layer in reversed(self._undo_processors):
+            if _take_layer(layer) is not None:  # a newer application sits on ours: it now restores our original
+                continue
+            module, original = layer.module, layer.original
             current = getattr(module, "processor", None)
-            if current is not installed and current is not original:
-                self.left_alone.append(name)
+            if current is not layer.installed and current is not original:
+                self.left_alone.append(layer.name)
                 continue
             try:
                 module.set_processor(original)

@@ -1,0 +1,203 @@
+"""NaN in, NaN out: on every kernel a NaN in query, key or value comes out where the float64 reference (SDPA's
+documented formula) puts it, and only a row whose keys are all masked gives zeros.
+
+The NPU kernels run through the emulator, xformers and flash_attn through their contract stand-ins. auto must never
+accept an output with NaN, whatever a kernel does with a NaN it is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+import npu_port
+from npu_port.attn import contract
+from npu_port.attn.call import AttentionCall
+from npu_port.attn.kernels.base import Kernel
+from npu_port.errors import NoKernelError
+from npu_port.strategy.measure import measure, parity_error, parity_slice, reference_output
+from npu_port.strategy.router import StrategyRouter
+
+from .conftest import all_stand_ins
+from .reference import TOLERANCES, reference_attention
+from .strategies import attention_cases
+from .test_attention_parity import VARIANTS, _reference, _run, _score_rounding_allowance, expected_refusals
+
+NAN = float("nan")
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    """A monkeypatch usable inside hypothesis tests (undone by each example itself)."""
+    patch = pytest.MonkeyPatch()
+    yield patch
+    patch.undo()
+
+
+@st.composite
+def with_nans(draw, case):
+    """``case`` with 1-3 NaN placed at random in query, key and value (new tensors; the case keeps its own)."""
+    tensors = {"query": case.query.clone(), "key": case.key.clone(), "value": case.value.clone()}
+    for _ in range(draw(st.integers(1, 3))):
+        name = draw(st.sampled_from(sorted(tensors)))
+        tensor = tensors[name]
+        index = tuple(draw(st.integers(0, size - 1)) for size in tensor.shape)
+        tensor[index] = NAN
+    return tensors
+
+
+def assert_same_nan_pattern_and_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, extra_atol=0.0):
+    assert out.shape == ref.shape
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)), (
+        f"NaN pattern differs: {int(torch.isnan(out).sum())} NaN in the output, {int(torch.isnan(ref).sum())} in the "
+        f"reference; first differing position {tuple(torch.nonzero(torch.isnan(out) != torch.isnan(ref))[0].tolist())}"
+    )
+    finite = ~torch.isnan(ref)
+    atol, rtol = TOLERANCES[dtype]
+    err = (out.double() - ref).abs()[finite]
+    assert bool((err <= atol + extra_atol + rtol * ref.abs()[finite]).all()), f"max |diff| {err.max().item():.3g}"
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@settings(max_examples=60)
+@given(case=attention_cases(), data=st.data())
+def test_every_kernel_gives_the_float64_references_nan_pattern(variant, case, data):
+    inputs = data.draw(with_nans(case))
+    with all_stand_ins(), torch.no_grad():
+        kernel = VARIANTS[variant]()
+        call = AttentionCall.from_arguments(case.query, case.key, case.value, case.attn_mask, **case.kwargs())
+        if expected_refusals(variant, case) or kernel.reasons(call):
+            event("refused")
+            return
+        out = _run(kernel, case, **inputs)
+    ref = _reference(case, **inputs)
+    event(f"{int(torch.isnan(ref).any(dim=-1).sum())} NaN rows of {ref.shape[-2] * ref.shape[0] * ref.shape[1]}")
+    finite_inputs = {name: tensor.nan_to_num(0.0) for name, tensor in inputs.items()}
+    extra = _score_rounding_allowance(dataclasses.replace(case, **finite_inputs)) if "no-upcast" in variant else 0.0
+    assert out.dtype == case.dtype
+    assert_same_nan_pattern_and_close(out, ref, case.dtype, extra)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_sdpa_keeps_a_nan_query_row_that_torchs_cpu_flash_kernel_turns_into_zeros(dtype):
+    query, key, value = (
+        torch.randn(1, 2, 6, 16, generator=torch.Generator().manual_seed(s)).to(dtype) for s in (1, 2, 3)
+    )
+    query[0, 1, 2, 5] = NAN
+    for kernel in ("sdpa", "math", "chunked"):
+        out = npu_port.attention(query, key, value, kernel=kernel)
+        assert torch.isnan(out[0, 1, 2]).all(), kernel
+        assert int(torch.isnan(out).sum()) == 16, kernel
+
+
+@pytest.mark.parametrize("kernel", ["math", "sdpa", "chunked"])
+def test_a_fully_masked_row_gives_zeros_even_with_nan_in_the_values(kernel):
+    query, key, value = torch.randn(1, 1, 4, 8), torch.randn(1, 1, 5, 8), torch.randn(1, 1, 5, 8)
+    value[0, 0, 3, 2] = NAN
+    keep = torch.ones(4, 5, dtype=torch.bool)
+    keep[1] = False
+    out = npu_port.attention(query, key, value, keep, kernel=kernel)
+    assert torch.equal(out[0, 0, 1], torch.zeros(8))
+    assert torch.isnan(out[0, 0, [0, 2, 3], 2]).all() and not torch.isnan(out[0, 0, :, [0, 1, 3]]).any()
+
+
+@pytest.mark.parametrize("kernel", ["math", "sdpa", "chunked"])
+def test_a_nan_key_at_a_masked_position_still_comes_out_as_in_sdpas_formula(kernel):
+    query, key, value = torch.randn(1, 1, 3, 8), torch.randn(1, 1, 4, 8), torch.randn(1, 1, 4, 8)
+    key[0, 0, 3, 0] = NAN
+    keep = torch.tensor([[True, True, True, False]] * 3)
+    out = npu_port.attention(query, key, value, keep, kernel=kernel)
+    assert torch.isnan(out).all()
+
+
+def test_a_nan_in_an_additive_mask_makes_its_row_nan():
+    query, key, value = torch.randn(1, 1, 3, 8), torch.randn(1, 1, 4, 8), torch.randn(1, 1, 4, 8)
+    bias = torch.zeros(3, 4)
+    bias[1, 2] = NAN
+    for kernel in ("math", "sdpa", "chunked"):
+        out = npu_port.attention(query, key, value, bias, kernel=kernel)
+        assert torch.isnan(out[0, 0, 1]).all() and not torch.isnan(out[0, 0, [0, 2]]).any(), kernel
+
+
+def test_the_routers_prepared_fast_path_keeps_nan_too():
+    router = StrategyRouter(npu_port.get_strategy("sdpa"))
+    query, key, value = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    router(query, key, value)  # the first call prepares the runner
+    query[0, 0, 3, 1] = NAN
+    out = router(query, key, value)
+    assert router._prepared and torch.isnan(out[0, 0, 3]).all() and int(torch.isnan(out).sum()) == 8
+
+
+@pytest.mark.parametrize("kernel", ["math", "sdpa", "chunked"])
+@settings(max_examples=25)
+@given(case=attention_cases(dtypes=(torch.float32,)), data=st.data())
+def test_the_branch_free_path_accelerators_take_gives_the_same_answers(kernel, case, data, monkeypatch_module):
+    """On accelerators the contract never reads a flag back (no host synchronisation): forced here on the CPU, inputs
+    without NaN come out unchanged and inputs with NaN get the reference's pattern."""
+    with torch.no_grad():
+        expected = _run(kernel, case)
+        monkeypatch_module.setattr(contract, "CHECK_FIRST_ON", ())
+        try:
+            assert torch.equal(_run(kernel, case), expected)
+            inputs = data.draw(with_nans(case))
+            out = _run(kernel, case, **inputs)
+        finally:
+            monkeypatch_module.undo()
+    assert_same_nan_pattern_and_close(out, _reference(case, **inputs), case.dtype)
+
+
+class NanHidingKernel(Kernel):
+    """A kernel that answers like sdpa but turns every NaN into 0: what auto's parity check must not let through."""
+
+    name = "nan_hiding_test_kernel"
+
+    def run(self, call):
+        return npu_port.get_kernel("math").run(call).nan_to_num(0.0)
+
+
+def test_auto_parity_check_rejects_a_kernel_whose_output_hides_nan():
+    query, key, value = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
+    query[0, 0, 0, 0] = NAN
+    call = AttentionCall.from_arguments(query, key, value)
+    sliced = parity_slice(call, 64)
+    reference = reference_output(sliced)
+    for kernel in (NanHidingKernel(), npu_port.get_kernel("sdpa"), npu_port.get_kernel("math")):
+        error, tolerance = parity_error(kernel, sliced, reference)
+        assert error == float("inf"), kernel.name
+    with pytest.raises(NoKernelError) as info:
+        measure(
+            call,
+            "bucket",
+            [NanHidingKernel()],
+            budget_bytes=None,
+            warmup=1,
+            repeats=1,
+            probe_seconds=5.0,
+            parity_rows=64,
+        )
+    assert list(info.value.reasons) == ["nan_hiding_test_kernel"]
+
+
+def test_auto_never_picks_a_kernel_for_a_call_with_nan_and_says_why():
+    query, key, value = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
+    key[0, 1, 2, 3] = NAN
+    with npu_port.attention_strategy("auto", cache=False), pytest.raises(NoKernelError) as info:
+        npu_port.attention(query, key, value)
+    why = (
+        "the math kernel itself gives NaN or inf on these inputs (NaN or inf in query, key, value or mask), so no "
+        "output can be checked against it"
+    )
+    for kernel in ("sdpa", "chunked", "math"):  # the candidates that can run the call here: each rejected
+        assert info.value.reasons[kernel] == [why]
+
+
+def test_reference_itself_puts_nan_where_the_formula_does():
+    query, key, value = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
+    key[0, 0, 2, 0] = NAN
+    keep = torch.tensor([[True, True, False], [False, False, False], [True, True, True]])
+    ref = reference_attention(query, key, value, keep=keep)
+    assert torch.isnan(ref[0, 0, [0, 2]]).all() and torch.equal(ref[0, 0, 1], torch.zeros(4, dtype=torch.float64))
