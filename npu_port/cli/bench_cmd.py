@@ -7,8 +7,8 @@
 
 The exit code is 0 when every cell that ran gave finite output within the dtype's tolerance, 1 when a strategy
 accepted a shape and then failed or disagreed with the float64 reference (refusals are results, not failures), 2 for
-a bad option, 130 when stopped with Ctrl-C: what was measured until then is printed and written, marked PARTIAL. The work is in :mod:`npu_port.bench`; this module only parses and prints, and imports torch only inside
-:func:`run`.
+a bad option, 130 when stopped with Ctrl-C: what was measured until then is printed and written, marked PARTIAL.
+The work is in :mod:`npu_port.bench`; this module only parses and prints, and imports torch only inside :func:`run`.
 """
 
 from __future__ import annotations
