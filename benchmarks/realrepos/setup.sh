@@ -4,7 +4,9 @@
 #   you name, tiny random checkpoints and inputs (made by our scripts), and the hand-ported copies.
 #
 # usage: setup.sh --npu-port CHECKOUT [--tav REPO] [--animatediff REPO] [--dit REPO] [--raft REPO] [--root DIR]
+#                 [--only NAME[,NAME...]]
 #   REPO: a work tree or a bare git dir (what the search tool's fetch returns); it is cloned into ROOT/src/NAME.
+#   --only: set up these projects only (tav, animatediff, dit, raft; default all four).
 #   Run it again with another --npu-port to point every venv at another checkout (the rest is kept; delete
 #   ROOT/venvs/NAME or ROOT/inputs/NAME to rebuild one).
 set -euo pipefail
@@ -12,6 +14,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT=/tmp/realrepos
 NPU_PORT=""
+ONLY="tav,animatediff,dit,raft"
 declare -A REPOS=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -21,6 +24,7 @@ while [ $# -gt 0 ]; do
     --dit) REPOS[dit]="$2"; shift 2 ;;
     --raft) REPOS[raft]="$2"; shift 2 ;;
     --root) ROOT="$2"; shift 2 ;;
+    --only) ONLY="$2"; shift 2 ;;
     *) echo "setup.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -55,7 +59,8 @@ patch_torchvision() {
   "$1/bin/python" -W ignore -c "import torchvision" || { echo "setup.sh: torchvision still does not import" >&2; exit 1; }
 }
 
-for name in tav animatediff dit raft; do
+for name in ${ONLY//,/ }; do
+  [ -n "${DIRNAME[$name]:-}" ] || { echo "setup.sh: unknown project $name (tav, animatediff, dit, raft)" >&2; exit 2; }
   src="$ROOT/src/${DIRNAME[$name]}"
   if [ ! -d "$src" ]; then
     [ -n "${REPOS[$name]:-}" ] || { echo "setup.sh: $src is missing: pass --$name REPO" >&2; exit 2; }
