@@ -279,10 +279,12 @@ def execute(run: Run, root: str, variant: str, timeout: int) -> dict:
         "seconds": seconds,
         "error": _last_error(log_text) if code != 0 else "",
     }
-    report = os.path.join(run_dir, "report.json")
-    if os.path.exists(report):
+    # report.json, or one file per rank once npu-port writes them (report*.json: rank-suffixed names)
+    reports = sorted(name for name in os.listdir(run_dir) if name.startswith("report") and name.endswith(".json"))
+    result["report_files"] = reports
+    if reports:
         try:
-            with open(report, encoding="utf-8") as fh:
+            with open(os.path.join(run_dir, reports[0]), encoding="utf-8") as fh:
                 result["report"] = json.load(fh)
         except ValueError as exc:
             result["report"] = {"unreadable": str(exc)}
@@ -338,6 +340,12 @@ def _report_summary(report: Optional[dict]) -> str:
     return "; ".join(parts)
 
 
+def _report_cell(result: dict) -> str:
+    text = _report_summary(result.get("report"))
+    files = result.get("report_files") or []
+    return text + (f" ({len(files)} report files; the first shown)" if len(files) > 1 else "")
+
+
 def _fmt(value) -> str:
     sys.path.insert(0, HERE)
     from compare import fmt
@@ -351,23 +359,51 @@ def _outcome(result: dict) -> str:
     return f"{result['exit']}: {result['error']}".replace("|", "/")
 
 
+#: outputs "match" the hand port when every float differs by at most this fraction of the largest value in its file
+#: (at least 1; float32 kernels that order operations differently) and every 8-bit image by at most one level
+FLOAT_RTOL, IMAGE_LEVELS = 1e-4, 1.0
+
+
+def verdict(item: dict) -> str:
+    """works / FAILS (npu-port only) / DIFFERS (outputs) / hand port fails (too), and a report that says otherwise."""
+    word = _outputs_verdict(item)
+    report = item["npuport"].get("report") or {}
+    if "exit_code" in report and report["exit_code"] != item["npuport"]["exit"]:
+        word += f"; report says exit_code {report['exit_code']}"
+    return word
+
+
+def _outputs_verdict(item: dict) -> str:
+    npu, hand, comparison = item["npuport"], item["handport"], item.get("compare") or {}
+    if hand["exit"] != 0:
+        return "hand port fails too" if npu["exit"] != 0 else "hand port fails"
+    if npu["exit"] != 0:
+        return "FAILS"
+    if comparison.get("verdict") != "compared":
+        return "DIFFERS"
+    scale = max(comparison.get("float_scale") or 0.0, 1.0)
+    if (comparison.get("float") or 0.0) > FLOAT_RTOL * scale or (comparison.get("image") or 0.0) > IMAGE_LEVELS:
+        return "DIFFERS"
+    return "works"
+
+
 def table(results: List[dict]) -> str:
     rows = [
-        "| run | original, plain python | original, npu-port run | hand port | npu-port report | "
+        "| run | verdict | original, plain python | original, npu-port run | hand port | npu-port report | "
         "max\\|diff\\| float (values up to) | image (8-bit levels) | time npu-port / hand (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for item in results:
         npu, hand, comparison = item["npuport"], item["handport"], item.get("compare") or {}
-        verdict = comparison.get("verdict", "")
+        state = comparison.get("verdict", "")
         float_diff, image_diff = _fmt(comparison.get("float")), _fmt(comparison.get("image"))
         if comparison.get("float_scale") is not None:
             float_diff += f" ({_fmt(comparison['float_scale'])})"
-        if verdict and verdict != "compared":
-            float_diff += f" {verdict}"
+        if state and state != "compared":
+            float_diff += f" {state}"
         rows.append(
-            f"| {item['id']} | {_outcome(item['plain'])} | {_outcome(npu)} | {_outcome(hand)} | "
-            f"{_report_summary(npu.get('report'))} | {float_diff} | {image_diff} | "
+            f"| {item['id']} | {verdict(item)} | {_outcome(item['plain'])} | {_outcome(npu)} | {_outcome(hand)} | "
+            f"{_report_cell(npu)} | {float_diff} | {image_diff} | "
             f"{npu['seconds']} / {hand['seconds']} |"
         )
     return "\n".join(rows)
@@ -457,7 +493,11 @@ def main() -> int:
     with open(os.path.join(results_dir, "table.md"), "w", encoding="utf-8") as fh:
         fh.write(text + "\n")
     print(text)
-    print(f"\nresults: {results_file}")
+    counts: Dict[str, int] = {}
+    for item in ordered:
+        counts[verdict(item)] = counts.get(verdict(item), 0) + 1
+    print("\n" + ", ".join(f"{name}: {n}" for name, n in sorted(counts.items())))
+    print(f"results: {results_file}")
     return 0
 
 
