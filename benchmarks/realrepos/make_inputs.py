@@ -227,6 +227,66 @@ def make_tav(repo: str, out: str) -> None:
     _write_yaml(os.path.join(out, "config-noxformers.yaml"), config)
     config["mixed_precision"] = "fp16"
     _write_yaml(os.path.join(out, "config-fp16-noxformers.yaml"), config)
+    _make_tav_readme_inference(repo, out)
+
+
+#: The README's inference snippet is run as written, but for its paths and sizes (each must match exactly once).
+README_SUBSTITUTIONS = [
+    ('"./checkpoints/stable-diffusion-v1-4"', "{sd!r}"),
+    ('"./outputs/man-skiing"', "{model!r}"),
+    ("ddim_latent-500.pt", "ddim_latent-1.pt"),
+    (
+        "video_length=24, height=512, width=512, num_inference_steps=50",
+        "video_length=4, height=32, width=32, num_inference_steps=2",
+    ),
+]
+#: ... and the hand port of it: the CPU, no xformers.
+README_HANDPORT = [
+    ("'cuda'", "'cpu'"),
+    ('"cuda"', '"cpu"'),
+    ("pipe.enable_xformers_memory_efficient_attention()\n", ""),
+]
+
+
+def _readme_snippet(repo: str) -> str:
+    with open(os.path.join(repo, "README.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    start = text.index("```python", text.index("### Inference")) + len("```python")
+    return text[start : text.index("```", start)].lstrip("\n")
+
+
+def _substitute(text: str, pairs, what: str) -> str:
+    for old, new in pairs:
+        if text.count(old) != 1 and what == "README snippet":
+            sys.exit(f"make_inputs.py: the {what} has {text.count(old)} of {old!r}, expected 1")
+        text = text.replace(old, new)
+    return text
+
+
+def _make_tav_readme_inference(repo: str, out: str) -> None:
+    """A fine-tuned model folder as train_tuneavideo.py saves it (a 3-D UNet, an inverted latent), and the README's
+    inference snippet, taken from the fetched README at set-up time (so none of it is in this repository)."""
+    sys.path.insert(0, repo)
+    from tuneavideo.models.unet import UNet3DConditionModel
+
+    model = os.path.join(out, "tuned")
+    unet = UNet3DConditionModel.from_pretrained_2d(os.path.join(out, "sd"), subfolder="unet")
+    generator = torch.Generator().manual_seed(SEED + 4)
+    with torch.no_grad():  # the temporal attention is zero-initialised: give it weights, as fine-tuning would
+        for name, param in unet.named_parameters():
+            if "attn_temp" in name:
+                param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    unet.save_pretrained(os.path.join(model, "unet"))
+    os.makedirs(os.path.join(model, "inv_latents"), exist_ok=True)
+    torch.save(
+        torch.randn((1, 4, 4, 16, 16), generator=generator), os.path.join(model, "inv_latents", "ddim_latent-1.pt")
+    )
+    pairs = [(old, new.format(sd=os.path.join(out, "sd"), model=model)) for old, new in README_SUBSTITUTIONS]
+    snippet = _substitute(_readme_snippet(repo), pairs, "README snippet")
+    with open(os.path.join(out, "readme_inference.py"), "w", encoding="utf-8") as fh:
+        fh.write(snippet)
+    with open(os.path.join(out, "readme_inference_handport.py"), "w", encoding="utf-8") as fh:
+        fh.write(_substitute(snippet, README_HANDPORT, "hand port"))
 
 
 # ---- AnimateDiff: python -m scripts.animate --config (motion module v1-style, 2 DDIM steps, 4 frames of 32x32) ---

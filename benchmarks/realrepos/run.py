@@ -14,6 +14,7 @@ log, exit code, wall time, npu-port's --report JSON, the files the project wrote
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -43,6 +44,8 @@ class Run:
     links: Dict[str, str] = field(default_factory=dict)  # names made in the working folder -> input paths
     no_display: bool = False
     note: str = ""
+    hand_entry: str = ""  # the hand port's entry point when it is not the edited copy's (the README snippet)
+    collect: str = ""  # a glob of files the project writes in the working folder, moved into the run's folder
 
 
 SD = "{inputs}/sd"
@@ -98,6 +101,18 @@ RUNS = [
         ["--config", "{inputs}/config-fp16-noxformers.yaml"],
         "Decoder",
         note="the repo's mixed_precision: fp16",
+    ),
+    Run(
+        "tav-readme-inference",
+        "tav",
+        "{inputs}/readme_inference.py",
+        [],
+        "Decoder",
+        cwd_repo=True,
+        repo_on_path=True,
+        hand_entry="{inputs}/readme_inference_handport.py",
+        collect="*.gif",
+        note="the README's inference snippet (float16, .to('cuda'), pipe.enable_xformers...), run from the repo root",
     ),
     Run(
         "animatediff-m",
@@ -187,10 +202,13 @@ def _command(run: Run, root: str, variant: str, run_dir: str) -> tuple:
     repo = os.path.join(root, "handport" if variant == "handport" else "src", DIRNAME[run.project])
     inputs = os.path.join(root, "inputs", run.project)
     args = _fill(run.args, inputs)
-    if run.entry.startswith("-m "):
-        target = ["-m", run.entry[3:]]
+    entry = run.hand_entry if variant == "handport" and run.hand_entry else run.entry
+    if entry.startswith("-m "):
+        target = ["-m", entry[3:]]
+    elif entry.startswith("{inputs}"):
+        target = _fill([entry], inputs)
     else:
-        target = [os.path.join(repo, run.entry)]
+        target = [os.path.join(repo, entry)]
     py = os.path.join(venv, "bin", "python")
     if run.nproc > 1:
         launcher = [os.path.join(venv, "bin", "torchrun"), "--standalone", "--nproc_per_node", str(run.nproc)]
@@ -269,6 +287,9 @@ def execute(run: Run, root: str, variant: str, timeout: int) -> dict:
         except subprocess.TimeoutExpired:
             code = "timeout"
     seconds = round(time.perf_counter() - start, 1)
+    if run.collect:
+        for path in glob.glob(os.path.join(cwd, run.collect)):
+            shutil.move(path, os.path.join(run_dir, os.path.basename(path)))
     with open(os.path.join(run_dir, "log.txt"), encoding="utf-8", errors="replace") as fh:
         log_text = fh.read()
     result = {
