@@ -6,6 +6,10 @@ different runs. Each write here gets its own temporary file (``tempfile.mkstemp`
 ``os.replace`` is a rename on one file system), is flushed to disk, and replaces the destination in one step; on any
 failure, Ctrl-C included, the temporary file is removed and the destination is left as it was.
 
+Whether a folder can be written at all is asked here too (:func:`folder_problem`), before any expensive work: the
+only answer that holds for root, read-only mounts, ACLs and full disks alike is to create (and remove) a uniquely
+named file there — ``os.access`` and the mode bits say yes to root on a folder it cannot really write (``/sys``).
+
 Only the standard library: every layer may use this.
 """
 
@@ -17,7 +21,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -50,6 +54,36 @@ def atomic_path(path: PathLike, *, mode: int = 0o666) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def folder_problem(folder: Path, *, create: bool = False) -> Optional[str]:
+    """Why no file can be created in ``folder`` (None when one can).
+
+    ``create=False``: the folder need not exist yet; its nearest existing ancestor is probed (the write would create
+    the folders in between). ``create=True``: the folder is created first (a cache folder).
+    """
+    target = Path(folder)
+    if create:
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return _os_reason(exc)
+    else:
+        while not target.exists() and target.parent != target:
+            target = target.parent
+    if not target.is_dir():
+        return f"{target} is not a folder"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".npu-port-probe-", dir=target)
+    except OSError as exc:
+        return _os_reason(exc)
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def _os_reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__  # the file name would be the probe's random one
 
 
 def write_bytes(path: PathLike, data: bytes) -> Path:

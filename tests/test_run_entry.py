@@ -256,3 +256,17 @@ def test_under_torchrun_each_rank_writes_its_own_report(tmp_path):
         data = json.loads((tmp_path / f"run.rank{rank}.json").read_text())
         assert data["rank"] == str(rank) and data["exit_code"] == 0
         assert data["redirect"]["hits"]["init_process_group"] == 1
+
+
+def test_a_report_path_that_cannot_be_written_is_refused_before_the_script_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "script.py").write_text("open('ran', 'w').close()\n")
+    (tmp_path / "a-file").write_text("")
+    assert main(["run", "--device", "cpu", "--report", "a-file/run.json", "script.py"]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"npu-port: --report 'a-file/run.json': cannot write there ({tmp_path / 'a-file'} is not a folder)\n"
+    )
+    assert main(["run", "--device", "cpu", "--report", "/sys/run.json", "script.py"]) == 2  # read-only, even as root
+    assert capsys.readouterr().err.startswith("npu-port: --report '/sys/run.json': cannot write there (")
+    assert not (tmp_path / "ran").exists()

@@ -86,16 +86,14 @@ def rank_report_path(path: str, environ: Mapping[str, str]) -> str:
 
 
 def _check_report_path(path: str) -> None:
+    from ..atomic import folder_problem
     from ..errors import RunError
 
     if os.path.isdir(path):
         raise RunError(f"--report {path!r} is a folder; give a file path such as run.json")
-    parent = os.path.dirname(os.path.abspath(path))
-    existing = parent
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-        raise RunError(f"--report {path!r}: cannot write in {existing}")
+    problem = folder_problem(os.path.dirname(os.path.abspath(path)))
+    if problem:
+        raise RunError(f"--report {path!r}: cannot write there ({problem})")
 
 
 def _write_report(path: str, summary: Dict[str, Any]) -> None:

@@ -1,8 +1,6 @@
 """Where a run writes — the image(s), the report, the cache — checked before anything is loaded or computed.
 
-Whether a folder can be written is found out the only way that holds for root, read-only mounts, ACLs and full
-disks alike: by creating (and removing) a uniquely named file there. ``os.access`` and the mode bits say yes to root
-on a folder it cannot really write (a read-only mount, ``/sys``).
+Whether a folder can be written is asked of :func:`npu_port.atomic.folder_problem`, which tries it.
 """
 
 from __future__ import annotations
@@ -19,38 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..atomic import folder_problem
 from ..errors import InferenceError
-
-
-def folder_problem(folder: Path, *, create: bool = False) -> Optional[str]:
-    """Why no file can be created in ``folder`` (None when one can).
-
-    ``create=False``: the folder need not exist yet; its nearest existing ancestor is probed (the write would create
-    the folders in between). ``create=True``: the folder is created first (a cache folder).
-    """
-    target = Path(folder)
-    if create:
-        try:
-            target.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            return _reason(exc)
-    else:
-        while not target.exists() and target.parent != target:
-            target = target.parent
-    if not target.is_dir():
-        return f"{target} is not a folder"
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".npu-port-probe-", dir=target)
-    except OSError as exc:
-        return _reason(exc)
-    os.close(fd)
-    os.unlink(probe)
-    return None
-
-
-def _reason(exc: OSError) -> str:
-    return exc.strerror or type(exc).__name__  # the file name would be the probe's random one
-
 
 # --------------------------------------------------------------------------------------------- the cache folder
 
