@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import importlib
 import importlib.util
+import inspect
 import math
 import os
 import shutil
@@ -280,7 +281,10 @@ def cross_attention_calls(draw):
     mask = None
     if self_attention and draw(st.booleans()):  # these versions pad a mask to the query length: self-attention only
         rows = draw(st.sampled_from([1, q_len]))
-        keep = torch.rand(batch, rows, q_len, generator=gen) < 0.7
+        # 0.13 and 0.14 repeat a (batch, ...) mask over the heads; 0.12 expects it repeated already
+        repeats = "batch_size" in inspect.signature(module.prepare_attention_mask).parameters
+        folded = batch * draw(st.sampled_from([1, heads] if repeats else [heads]))
+        keep = torch.rand(folded, rows, q_len, generator=gen) < 0.7
         keep[..., 0] = True
         bias = torch.randn(keep.shape, generator=gen, dtype=torch.float64) if draw(st.booleans()) else 0.0
         mask = torch.where(keep, bias, torch.tensor(-10000.0, dtype=torch.float64))
