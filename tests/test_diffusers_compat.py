@@ -181,7 +181,8 @@ def attention_block_cases(draw):
     with torch.no_grad():
         for param in block.parameters():
             param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float64) * 0.5)
-    shape = (draw(st.integers(1, 2)), channels, draw(st.integers(1, 5)), draw(st.integers(1, 5)))
+    width = draw(st.integers(2, 5))  # at least 2 positions: a group norm needs more than one value per group
+    shape = (draw(st.integers(1, 2)), channels, draw(st.integers(1, 5)), width)
     dtype = draw(st.sampled_from([torch.float32, torch.float64]))
     return block, torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype), dtype
 
