@@ -1,4 +1,5 @@
-"""Shared test set-up: hypothesis profiles and stand-ins for packages this machine does not have.
+"""Shared test set-up: hypothesis profiles, stand-ins for packages this machine does not have, and the diffusers
+version markers of the compatibility matrix.
 
 The stand-ins (the torch_npu emulator, the xformers and flash_attn fakes) follow their packages' documented
 contracts and say so; installing one also lets the matching kernel accept CPU tensors, since there is no NPU or GPU
@@ -8,11 +9,13 @@ here. Each is a context manager (usable inside hypothesis tests) and a fixture.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import sys
 
 import pytest
 from hypothesis import settings
+from packaging.version import Version
 
 from npu_port import _optional
 from npu_port.attn.kernels.flash_attn import FlashAttnKernel
@@ -115,3 +118,39 @@ def no_torch_npu(monkeypatch):
     _optional.forget("torch_npu")
     yield
     _optional.forget("torch_npu")
+
+
+# ---- the diffusers compatibility matrix ------------------------------------------------------------------------------
+#
+# .ci/compat runs the legacy-attention and `run` tests again under the diffusers that old projects pin (0.11.1,
+# 0.14.0). A test that needs something an old diffusers does not have says so with @pytest.mark.diffusers_min("0.15");
+# a test about the old versions' own layout with @pytest.mark.diffusers_below("0.15"). Such a test is deselected (not
+# skipped) under a version outside its range: the run reports it as deselected, and nothing stands in for it.
+
+
+def installed_diffusers() -> "Version | None":
+    """The installed diffusers' version, from its metadata (no import); None when it is not installed."""
+    try:
+        return Version(importlib.metadata.version("diffusers"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _in_diffusers_range(item: pytest.Item, installed: "Version | None") -> bool:
+    for marker in item.iter_markers("diffusers_min"):
+        if installed is None or installed < Version(marker.args[0]):
+            return False
+    for marker in item.iter_markers("diffusers_below"):
+        if installed is None or installed >= Version(marker.args[0]):
+            return False
+    return True
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    installed = installed_diffusers()
+    kept, deselected = [], []
+    for item in items:
+        (kept if _in_diffusers_range(item, installed) else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept

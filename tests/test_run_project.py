@@ -16,6 +16,10 @@ import torch
 
 from npu_port.infer.models import tiny_model_dir
 
+#: The project runs a text-to-image pipeline built with the diffusers extra's API (transformers' CLIP included); the
+#: compatibility matrix covers `npu-port run` under old diffusers in tests/test_diffusers_compat.py.
+pytestmark = pytest.mark.diffusers_min("0.27")
+
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = Path(__file__).parent / "fixtures" / "cuda_project"
 

@@ -18,6 +18,11 @@ allocation), switches to ``xformers.ops`` behind ``_use_memory_efficient_attenti
 * :func:`hook_enable_xformers` — diffusers' ``enable_xformers_memory_efficient_attention`` and friends install
   npu-port's strategy instead; :class:`XformersHook` undoes it.
 
+Pinned old diffusers: 0.11's own ``CrossAttention`` has exactly this contract and is routed like a project's copy;
+diffusers' ``AttentionBlock`` (0.11–0.16: the VAE's attention), which computes attention inline in ``forward``, is
+routed by the same patches with an equivalent ``forward`` (:mod:`npu_port.integrations.attention_block`); 0.12–0.14's
+processor-based ``CrossAttention`` takes the strategy like today's ``Attention`` (see the hook below).
+
 The routed methods unfold ``(batch*heads, seq, dim)`` to ``(batch, heads, seq, dim)`` with ``self.heads``, turn the
 legacy additive mask into the 4-D float mask SDPA takes (:func:`npu_port.masks.unfold_heads`), call
 ``npu_port.attention(..., scale=self.scale)`` — so the process-wide strategy (``set_attention_strategy("chunked")``,
@@ -51,6 +56,7 @@ from torch import Tensor, nn
 
 from ..attn import masks
 from ..attn.api import attention
+from .attention_block import is_attention_block_class, routed_forward
 
 __all__ = [
     "LegacyPatch",
@@ -165,9 +171,15 @@ def target_modules(target: Any) -> Iterator[Tuple[str, nn.Module]]:
                 yield ".".join(p for p in (prefix, name) if p), module
 
 
+def is_routable_class(cls: Any) -> bool:
+    """A legacy attention class, or diffusers' ``AttentionBlock`` (0.11-0.16) keeping its own ``forward``."""
+    return is_legacy_attention_class(cls) or is_attention_block_class(cls)
+
+
 def find_legacy_attention(target: Any) -> List[Tuple[str, nn.Module]]:
-    """Every legacy attention module in ``target`` (a module or a pipeline), as ``(qualified name, module)``."""
-    return [(name, m) for name, m in target_modules(target) if is_legacy_attention_class(type(m))]
+    """Every legacy attention module in ``target`` (a module or a pipeline), as ``(qualified name, module)``:
+    legacy ``_attention`` classes and diffusers' ``AttentionBlock``."""
+    return [(name, m) for name, m in target_modules(target) if is_routable_class(type(m))]
 
 
 # ---- the routed methods ----------------------------------------------------------------------------------------------
@@ -367,7 +379,10 @@ def active_patches() -> List[str]:
 
 
 def _replacements(cls: type) -> List[Tuple[str, Callable[..., Any]]]:
-    """The routed methods for a legacy attention class: ``_attention`` always, its siblings when they are legacy."""
+    """The routed methods for a legacy attention class: ``_attention`` always, its siblings when they are legacy;
+    for diffusers' ``AttentionBlock``, ``forward``."""
+    if is_attention_block_class(cls):
+        return [("forward", routed_forward(original_function(inspect.getattr_static(cls, "forward"))))]
     builders = (
         (ATTENTION, routed_attention),
         (SLICED, routed_sliced_attention),
@@ -415,7 +430,7 @@ class LegacyPatch:
             self._held.append(key)
 
     def _route_class(self, cls: type) -> None:
-        if (cls, ATTENTION[0]) in self._held:
+        if (cls, ATTENTION[0]) in self._held or (cls, "forward") in self._held:
             return
         for name, replacement in _replacements(cls):
             self._install(cls, name, replacement)
@@ -472,7 +487,8 @@ def patch_legacy_attention(target: Any) -> LegacyPatch:
 
     ``target``: a legacy attention class, a ``torch.nn.Module`` (every submodule is searched) or a diffusers
     pipeline (its module components). Each legacy class found gets routed ``_attention`` (and ``_sliced_attention``,
-    ``get_attention_scores`` when it has them); every instance gets its xformers flag cleared; a repo-local
+    ``get_attention_scores`` when it has them), diffusers' ``AttentionBlock`` (0.11-0.16) a routed ``forward``
+    (:mod:`.attention_block`); every instance gets its xformers flag cleared; a repo-local
     ``set_use_memory_efficient_attention_xformers`` (the copies that raise without CUDA), on the attention class or
     on a block holding one, becomes a no-op that logs one line: what it would switch on is routed now.
 
@@ -482,11 +498,11 @@ def patch_legacy_attention(target: Any) -> LegacyPatch:
     patch = LegacyPatch(target)
     try:
         if isinstance(target, type):
-            if not is_legacy_attention_class(target):
+            if not is_routable_class(target):
                 raise ValueError(
                     f"{target.__module__}.{target.__qualname__} is not a legacy attention class: it needs "
                     "_attention(self, query, key, value, attention_mask=None), reshape_batch_dim_to_heads, and "
-                    "code that reads self.heads and self.scale"
+                    "code that reads self.heads and self.scale (or must be diffusers' AttentionBlock)"
                 )
             patch._route_class(target)
             patch._quiet_setter(target)
@@ -495,7 +511,8 @@ def patch_legacy_attention(target: Any) -> LegacyPatch:
         if not found:
             raise ValueError(
                 f"{type(target).__name__} contains no legacy attention module (a class with "
-                "_attention(self, query, key, value, attention_mask=None) using self.heads and self.scale)"
+                "_attention(self, query, key, value, attention_mask=None) using self.heads and self.scale, "
+                "or diffusers' AttentionBlock)"
             )
         legacy_classes = {type(m) for _, m in found}
         for _, module in found:

@@ -43,14 +43,13 @@ ATTENTION_FN_SIGNATURE = (
 def _standard_processors(api: classes.DiffusersClasses) -> Dict[type, Tuple[type, bool]]:
     """Standard processor class -> (the class our processor stands in for, whether it uses fused projections)."""
     table: Dict[type, Tuple[type, bool]] = {
-        api.AttnProcessor2_0: (api.AttnProcessor2_0, False),
-        api.AttnProcessor: (api.AttnProcessor, False),
+        standard: (standard, False) for standard in (api.AttnProcessor2_0, api.AttnProcessor) if standard is not None
     }
     if api.FusedAttnProcessor2_0 is not None:
         table[api.FusedAttnProcessor2_0] = (api.FusedAttnProcessor2_0, True)
     for broken_off_device in (api.XFormersAttnProcessor, api.AttnProcessorNPU):
         if broken_off_device is not None:
-            table[broken_off_device] = (api.AttnProcessor2_0, False)
+            table[broken_off_device] = (api.default_processor, False)
     return table
 
 

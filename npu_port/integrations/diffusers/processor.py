@@ -19,6 +19,11 @@ Two compatibility details:
 * ``Attention.forward`` inspects ``processor.__call__`` to filter ``cross_attention_kwargs``; the signature below is
   ``AttnProcessor2_0.__call__``'s, so the same keyword arguments pass and the same ones are dropped with a warning.
 
+Older diffusers: on a 0.12–0.14 ``CrossAttention`` the processor runs those versions' own steps
+(:mod:`.cross_attention_steps`); on the ``Attention`` modules of 0.15 and 0.16, which lack some later attributes
+(``spatial_norm``, ``residual_connection``, ``rescale_output_factor``; ``norm_q`` / ``norm_k`` came later still), a
+missing one counts as absent — what those versions' ``AttnProcessor2_0`` does.
+
 Differences from the original, on purpose: ``attn.scale`` is honoured (the same value ``AttnProcessor2_0`` uses
 whenever ``scale_qk=True``, which is when diffusers picks it); a module with ``norm_q`` / ``norm_k`` gets them
 applied even where the replaced legacy / xformers / NPU processor skipped them.
@@ -31,6 +36,7 @@ from typing import Any, Optional
 import torch
 
 from . import classes
+from .cross_attention_steps import cross_attention_call
 from .routing import AttentionFn, Route, Tally
 
 _SCALE_DEPRECATION = (
@@ -61,9 +67,11 @@ class RoutedAttnProcessor:
     ) -> None:
         if not callable(attention_fn):
             raise TypeError(f"attention_fn must be callable, got {type(attention_fn).__name__}")
-        self.stands_in_for = stands_in_for if stands_in_for is not None else classes.load().AttnProcessor2_0
+        api = classes.load()
+        self.stands_in_for = stands_in_for if stands_in_for is not None else api.default_processor
         self.fused = bool(fused)
         self.route = Route(attention_fn, module_name, tally)
+        self._cross_attention_steps = api.layout == "cross_attention"  # diffusers 0.12-0.14
 
     @property
     def attention_fn(self) -> AttentionFn:
@@ -119,6 +127,12 @@ class RoutedAttnProcessor:
         *args: Any,
         **kwargs: Any,
     ) -> torch.Tensor:
+        if self._cross_attention_steps:
+            if temb is not None:  # not an argument of 0.12-0.14 processors: refused there, as by the originals
+                kwargs["temb"] = temb
+            steps = (attn, hidden_states, encoder_hidden_states, attention_mask, *args)
+            return cross_attention_call(self.route, self.stands_in_for, *steps, **kwargs)
+
         # 1. the deprecated `scale` argument is accepted and ignored, with diffusers' warning
         if len(args) > 0 or kwargs.get("scale", None) is not None:
             from diffusers.utils import deprecate
@@ -127,8 +141,9 @@ class RoutedAttnProcessor:
 
         # 2-3. residual before the spatial norm
         residual = hidden_states
-        if attn.spatial_norm is not None:
-            hidden_states = attn.spatial_norm(hidden_states, temb)
+        spatial_norm = getattr(attn, "spatial_norm", None)  # absent before 0.17
+        if spatial_norm is not None:
+            hidden_states = spatial_norm(hidden_states, temb)
 
         # 4. (B, C, H, W) -> (B, H*W, C)
         input_ndim = hidden_states.ndim
@@ -161,10 +176,11 @@ class RoutedAttnProcessor:
         value = value.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
 
         # 13. per-head q/k norms
-        if attn.norm_q is not None:
-            query = attn.norm_q(query)
-        if attn.norm_k is not None:
-            key = attn.norm_k(key)
+        norm_q, norm_k = getattr(attn, "norm_q", None), getattr(attn, "norm_k", None)  # absent in older versions
+        if norm_q is not None:
+            query = norm_q(query)
+        if norm_k is not None:
+            key = norm_k(key)
 
         # 14. the attention core: the only step that differs (routed; attn.scale honoured)
         hidden_states = self.route.attend(
@@ -184,7 +200,7 @@ class RoutedAttnProcessor:
             hidden_states = hidden_states.transpose(-1, -2).reshape(batch_size, channel, height, width)
 
         # 18-19. residual and rescale
-        if attn.residual_connection:
+        if getattr(attn, "residual_connection", False):  # both absent before 0.17
             hidden_states = hidden_states + residual
-        hidden_states = hidden_states / attn.rescale_output_factor
+        hidden_states = hidden_states / getattr(attn, "rescale_output_factor", 1.0)
         return hidden_states

@@ -24,6 +24,26 @@ NO_ATTENTION = (
     "contains no diffusers attention module (diffusers.models.attention_processor.Attention or "
     "AttentionModuleMixin), so there is no attention to apply a strategy to"
 )
+#: Where a strategy cannot be applied to modules but the legacy routing can route them (said with the version).
+LEGACY_ROUTE = (
+    "npu_port.patch_legacy_attention(model) routes them through the process-wide strategy instead (what "
+    "enable_xformers_memory_efficient_attention() does under npu-port run)"
+)
+
+
+def no_attention_message(target: Any, api: DiffusersClasses) -> str:
+    """Why ``target`` has nothing to apply a strategy to, with what npu-port does instead for an old diffusers."""
+    name = type(target).__name__
+    if not api.attention_module_classes:
+        why = f"diffusers {api.version} has no attention processors (they came in 0.12)"
+        return (
+            f"{why}, so a strategy cannot be applied to {name}'s modules; its CrossAttention and AttentionBlock "
+            f"modules are legacy attention: {LEGACY_ROUTE}"
+        )
+    blocks = api.AttentionBlock
+    if blocks is not None and any(isinstance(m, blocks) for _, c in components(target, api) for m in c.modules()):
+        return f"{name} {NO_ATTENTION}; its AttentionBlock modules (diffusers {api.version}) are legacy: {LEGACY_ROUTE}"
+    return f"{name} {NO_ATTENTION}"
 
 
 def describe_type(obj: Any) -> str:
@@ -48,9 +68,12 @@ def attention_modules(target: Any, api: DiffusersClasses) -> List[Tuple[str, nn.
     """Every diffusers attention module in ``target`` as ``(qualified name, module)``, each module once.
 
     Raises :class:`TypeError` for a target that is not a module or pipeline, and :class:`ValueError` when it holds
-    no diffusers attention module.
+    no diffusers attention module (or diffusers is older than 0.12 and has none at all: the message says so).
     """
     kinds = api.attention_module_classes
+    if not kinds:
+        components(target, api)  # a target of the wrong kind is a TypeError whatever the version
+        raise ValueError(no_attention_message(target, api))
     found: List[Tuple[str, nn.Module]] = []
     seen: Set[int] = set()
     for prefix, component in components(target, api):
@@ -59,5 +82,5 @@ def attention_modules(target: Any, api: DiffusersClasses) -> List[Tuple[str, nn.
                 seen.add(id(module))
                 found.append((".".join(part for part in (prefix, name) if part), module))
     if not found:
-        raise ValueError(f"{type(target).__name__} {NO_ATTENTION}")
+        raise ValueError(no_attention_message(target, api))
     return found
