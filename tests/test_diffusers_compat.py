@@ -15,6 +15,7 @@ import copy
 import importlib
 import importlib.util
 import inspect
+import json
 import math
 import os
 import shutil
@@ -444,9 +445,10 @@ def project(tmp_path_factory):
     return root, env
 
 
-def _generate(project, *arguments, npu_port_run=False):
+def _generate(project, *arguments, npu_port_run=False, report=None):
     root, env = project
-    command = [sys.executable, *(["-m", "npu_port", "run", "--device", "cpu"] if npu_port_run else []), "generate.py"]
+    run = ["-m", "npu_port", "run", "--device", "cpu", *(["--report", str(report)] if report else [])]
+    command = [sys.executable, *(run if npu_port_run else []), "generate.py"]
     command += ["--models", str(root / "models"), *arguments]
     return subprocess.run(command, cwd=root / "project", env=env, capture_output=True, text=True, timeout=600)
 
@@ -462,11 +464,21 @@ def test_under_npu_port_run_the_project_runs_unchanged_and_matches_the_float64_r
     import diffusers
 
     root, _ = project
-    ours = _generate(project, "--out", str(root / "ours.pt"), npu_port_run=True)
+    ours = _generate(project, "--out", str(root / "ours.pt"), npu_port_run=True, report=root / "run.json")
     assert ours.returncode == 0, ours.stderr[-4000:]
     said = [line for line in ours.stderr.splitlines() if line.startswith("npu-port")]
     assert any("GeneratePipeline.enable_xformers_memory_efficient_attention() -> " in line for line in said), said
     assert not any("pip install" in line for line in said), said
+    report = json.loads((root / "run.json").read_text())
+    # diffusers' own pre-processor attention is routed as soon as the project imports diffusers, like the project's
+    expected_classes = {
+        "0.11": ["diffusers.models.attention.CrossAttention", "diffusers.models.attention.AttentionBlock"],
+        "0.14": ["diffusers.models.attention.AttentionBlock"],
+    }.get(".".join(diffusers.__version__.split(".")[:2]), [])
+    assert report["legacy_attention_classes"] == expected_classes
+    assert [item["object"] for item in report["enable_xformers_routed"]] == ["GeneratePipeline"]
+    routed_calls = [*report["attention_calls"].values(), *report["enable_xformers_routed"][0]["calls"].values()]
+    assert sum(routed_calls) > 0 and report["exit_code"] == 0
     reference = _generate(project, "--out", str(root / "reference.pt"), "--device", "cpu", "--dtype", "float64")
     assert reference.returncode == 0, reference.stderr[-4000:]
     got, expected = torch.load(root / "ours.pt"), torch.load(root / "reference.pt")

@@ -65,6 +65,7 @@ __all__ = [
     "active_patches",
     "find_legacy_attention",
     "hook_enable_xformers",
+    "hooked_routes",
     "is_legacy_attention_class",
     "patch_legacy_attention",
     "unhook_enable_xformers",
@@ -735,6 +736,21 @@ def unhook_enable_xformers() -> None:
     """Undo :func:`hook_enable_xformers` (nothing to do when it is not hooked)."""
     if _HOOK is not None:
         _HOOK.restore()
+
+
+def hooked_routes() -> List[Dict[str, Any]]:
+    """What the hooked enable installed, per object (``npu-port run``'s summary): its class, a description, and the
+    attention calls its own strategy handle routed (legacy classes count under the process-wide strategy)."""
+    if _HOOK is None:
+        return []
+    return [
+        {
+            "object": type(obj).__qualname__,
+            "routed": _describe(route),
+            "calls": dict(route.strategy.calls) if route.strategy is not None else {},
+        }
+        for obj, route in list(_HOOK.routes.items())
+    ]
 
 
 def xformers_route(obj: Any) -> Optional[XformersRoute]:

@@ -56,6 +56,7 @@ class Activation:
 
     def summary(self) -> Dict[str, Any]:
         """Device, strategy, and for every piece what was patched and how often it was hit (JSON-ready)."""
+        from ..integrations.legacy_attention import hooked_routes
         from ..shims.finder import registered
 
         served = {name: list(r.served) for name, r in registered().items() if r.served}
@@ -75,6 +76,7 @@ class Activation:
                 "why": {k: v for k, v in reasons.items() if k in self.fallbacks},
             },
             "legacy_attention_classes": list(self.legacy_classes),
+            "enable_xformers_routed": hooked_routes(),
             "project": {
                 "watched_roots": list(self.watched_roots),
                 "modules": list(self.watcher.watched) if self.watcher is not None else [],
@@ -97,6 +99,8 @@ class Activation:
             f"  stand-ins served: {', '.join(served) or 'none'}",
             f"  legacy attention classes routed: {', '.join(data['legacy_attention_classes']) or 'none'}",
         ]
+        for item in data["enable_xformers_routed"]:
+            lines.append(f"  {item['object']}.enable_xformers_memory_efficient_attention() -> {item['routed']}")
         checks = data["device_checks"]
         if checks:
             lines.append(f"  device-type checks that see {data['device']} as cuda ({len(checks)}):")
@@ -113,6 +117,27 @@ class Activation:
         """Undo everything, last installed first; safe to call twice."""
         while self._undo:
             self._undo.pop()()
+
+
+def diffusers_legacy_classes(diffusers: ModuleType) -> List[type]:
+    """diffusers' own attention classes of the pre-processor era, routed like a project's: 0.11's ``CrossAttention``
+    (the legacy ``_attention`` contract) and ``AttentionBlock`` (<= 0.16, inline attention in ``forward``). Newer
+    versions have neither, and are not made to import their attention modules for nothing."""
+    version = str(getattr(diffusers, "__version__", "0"))
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        major, minor = 0, 0
+    if (major, minor) >= (0, 17):
+        return []
+    from ..integrations.diffusers import classes
+
+    try:
+        found = classes.load()
+    except ImportError as exc:  # a diffusers that cannot import its models: the project will say so itself
+        logger.warning("npu-port: diffusers %s's attention classes not routed (%s)", version, exc)
+        return []
+    return [cls for cls in (found.LegacyCrossAttention, found.AttentionBlock) if cls is not None]
 
 
 def activate(
@@ -138,7 +163,7 @@ def activate(
     import npu_port
 
     from ..errors import NpuPortError
-    from ..integrations.legacy_attention import hook_enable_xformers, is_legacy_attention_class, patch_legacy_attention
+    from ..integrations.legacy_attention import hook_enable_xformers, is_routable_class, patch_legacy_attention
     from ..shims.dropins import install_dropins, uninstall_dropins
     from ..shims.fallbacks import install_builtin_fallbacks, uninstall_builtin_fallbacks
     from .device_checks import DeviceChecks
@@ -170,12 +195,15 @@ def activate(
         activation = Activation(redirect.target, handle, redirect, options, list(dropins), list(fallbacks))
         activation.safe_math = dict(handle.strategy.safe_math) if safe_math is not None else None
 
+        def route_class(cls: type) -> None:
+            patch = patch_legacy_attention(cls)
+            undo.append(patch.restore)
+            activation.legacy_classes.append(f"{cls.__module__}.{cls.__qualname__}")
+
         def route_legacy(module: ModuleType) -> None:
             for value in list(vars(module).values()):
-                if isinstance(value, type) and value.__module__ == module.__name__ and is_legacy_attention_class(value):
-                    patch = patch_legacy_attention(value)
-                    undo.append(patch.restore)
-                    activation.legacy_classes.append(f"{module.__name__}.{value.__qualname__}")
+                if isinstance(value, type) and value.__module__ == module.__name__ and is_routable_class(value):
+                    route_class(value)
 
         roots = [os.path.abspath(path) for path in watch]
         activation.watched_roots = roots
@@ -185,6 +213,8 @@ def activate(
 
         def hook_diffusers() -> None:  # importing diffusers ourselves would cost seconds and import xformers
             undo.append(hook_enable_xformers())
+            for cls in diffusers_legacy_classes(sys.modules["diffusers"]):
+                route_class(cls)
 
         def on_import(module: ModuleType) -> None:
             if module.__name__ == "diffusers":
