@@ -181,6 +181,7 @@ sys.exit(main(sys.argv[3:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is a POSIX signal")
 def test_a_real_sigint_to_npu_port_bench_writes_partial_results_and_exits_130(tmp_path):
     out, ready = tmp_path / "out", tmp_path / "ready"

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from .conftest import emulated_torch_npu
+
+pytestmark = pytest.mark.slow  # each runs a benchmark script in its own process(es)
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 

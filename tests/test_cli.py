@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import npu_port
 from npu_port.cli import kernels_cmd
 from npu_port.cli.main import main
@@ -26,6 +28,7 @@ def test_version_in_a_fresh_process():
     assert result.stdout.strip() == f"npu-port {npu_port.__version__}"
 
 
+@pytest.mark.slow
 def test_kernels_lists_every_kernel_with_one_line_each():
     result = _run_cli("kernels")
     assert result.returncode == 0, result.stderr

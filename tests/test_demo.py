@@ -299,6 +299,7 @@ def _components(demo):
     return {c["props"].get("elem_id"): c for c in demo.config["components"] if c["props"].get("elem_id")}
 
 
+@pytest.mark.slow
 def test_build_demo_shows_the_inputs_of_the_loaded_model(tiny, tiny_dit):
     pytest.importorskip("gradio")
     choices = app.strategy_choices()
@@ -548,6 +549,7 @@ def _set_number(page, selector: str, value) -> None:
     field.press("Tab")  # gradio reads the value on change
 
 
+@pytest.mark.slow
 def test_browser_generate_with_a_chosen_strategy_shows_the_image_and_the_timings(page, artifacts):
     from playwright.sync_api import expect
 
@@ -574,6 +576,7 @@ def test_browser_generate_with_a_chosen_strategy_shows_the_image_and_the_timings
     page.screenshot(path=str(artifacts / "demo-generate.png"), full_page=True)
 
 
+@pytest.mark.slow
 def test_browser_out_of_range_size_shows_the_message_and_runs_nothing(page, artifacts, tiny):
     from playwright.sync_api import expect
 
@@ -590,6 +593,7 @@ def test_browser_out_of_range_size_shows_the_message_and_runs_nothing(page, arti
     page.screenshot(path=str(artifacts / "demo-out-of-range.png"), full_page=True)
 
 
+@pytest.mark.slow
 def test_browser_compare_two_strategies_side_by_side(page, artifacts):
     from playwright.sync_api import expect
 
@@ -613,6 +617,7 @@ def test_browser_compare_two_strategies_side_by_side(page, artifacts):
     page.screenshot(path=str(artifacts / "demo-compare.png"), full_page=True)
 
 
+@pytest.mark.slow
 def test_browser_compare_needs_two_strategies(page):
     from playwright.sync_api import expect
 

@@ -115,6 +115,7 @@ def test_an_unknown_backend_type_is_refused():
         backend_status("tpu")
 
 
+@pytest.mark.slow
 def test_with_an_npu_present_it_is_preferred_and_can_be_overridden():
     """In a child process (the renaming of torch's PrivateUse1 backend to "npu" cannot be undone): the torch_npu
     recorder stands in for a machine with one NPU."""

@@ -453,6 +453,7 @@ def _generate(project, *arguments, npu_port_run=False, report=None):
     return subprocess.run(command, cwd=root / "project", env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_the_project_stops_with_its_own_error_without_npu_port(project):
     root, _ = project
     result = _generate(project, "--out", str(root / "plain.pt"))
@@ -460,6 +461,7 @@ def test_the_project_stops_with_its_own_error_without_npu_port(project):
     assert not (root / "plain.pt").exists()
 
 
+@pytest.mark.slow
 def test_under_npu_port_run_the_project_runs_unchanged_and_matches_the_float64_reference(project):
     import diffusers
 

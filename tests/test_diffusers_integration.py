@@ -140,6 +140,7 @@ def _no_leftover_patches():
 # ---- importing ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_importing_npu_port_and_the_integration_does_not_import_diffusers():
     code = (
         "import sys, npu_port, npu_port.integrations, npu_port.integrations.diffusers\n"

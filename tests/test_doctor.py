@@ -474,6 +474,7 @@ def _run_cli(*args, env=None, python=sys.executable):
     return subprocess.run([str(python), "-m", "npu_port", *args], capture_output=True, text=True, timeout=600, env=env)
 
 
+@pytest.mark.slow
 def test_doctor_on_this_machine():
     """The real report here: text and JSON agree, and the exit code follows from the findings.
 

@@ -578,6 +578,7 @@ def _run_child(script: str, tmp_path, extra_path: Optional[str] = None) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_dropins_import_like_the_real_packages_and_go_away(tmp_path):
     out = _run_child(
         """
@@ -633,6 +634,7 @@ def test_dropins_import_like_the_real_packages_and_go_away(tmp_path):
     assert out.strip().endswith("OK")
 
 
+@pytest.mark.slow
 def test_a_real_package_wins_unless_forced(tmp_path):
     real = tmp_path / "site"
     (real / "flash_attn").mkdir(parents=True)

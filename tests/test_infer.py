@@ -199,6 +199,7 @@ def test_text_encoder_device_and_vae_switches_keep_the_image(model_cache):
     assert tiled.shape == reference.shape and 0 < np.abs(tiled - reference).max() < 1
 
 
+@pytest.mark.slow
 def test_the_script_runs_on_a_fresh_cache(tmp_path):
     env = {**os.environ, "NPU_PORT_CACHE_DIR": str(tmp_path / "cache")}
     result = subprocess.run(

@@ -9,6 +9,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,6 +29,7 @@ def test_setup_cfg_lists_every_package():
     assert config["options"]["package_dir"].split() == ["npu_port.strategies", "=", "strategies"]
 
 
+@pytest.mark.slow
 def test_wheel_contains_every_module_and_the_strategies_package(tmp_path):
     result = subprocess.run(
         [
@@ -55,6 +58,7 @@ def test_wheel_contains_every_module_and_the_strategies_package(tmp_path):
     assert "npu-port = npu_port.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
+@pytest.mark.slow
 def test_import_is_light_and_never_touches_optional_packages():
     """``import npu_port`` loads no torch; using the API loads torch but no optional package."""
     code = (

@@ -394,6 +394,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_all_reduce_with_a_nccl_script():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     env.pop("NPU_PORT_DEVICE", None)

@@ -42,12 +42,14 @@ def _npu_port_run(*arguments):
     return [sys.executable, "-m", "npu_port", "run", "--device", "cpu", *arguments]
 
 
+@pytest.mark.slow
 def test_the_module_project_fails_as_it_is(project):
     root, env = project
     result = _run([sys.executable, "-m", "scripts.animate", "--out", "plain.pt"], root, env)
     assert result.returncode == 1 and "ModuleNotFoundError: No module named 'flash_attn'" in result.stderr
 
 
+@pytest.mark.slow
 def test_run_dash_m_routes_the_sibling_package_and_matches_the_hand_port(project):
     root, env = project
     report = root / "report.json"
@@ -90,6 +92,7 @@ def test_run_dash_m_routes_the_sibling_package_and_matches_the_hand_port(project
     assert "AssertionError: flash attention needs CUDA tensors" in plain.stderr  # the file on disk is as written
 
 
+@pytest.mark.slow
 def test_without_the_override_the_report_has_the_scripts_error_and_exit_code(project):
     root, env = project
     report = root / "report.json"
@@ -109,6 +112,7 @@ def test_without_the_override_the_report_has_the_scripts_error_and_exit_code(pro
     assert "npu_port" not in traceback_text
 
 
+@pytest.mark.slow
 def test_keep_device_checks_leaves_the_assertion_as_written(project):
     root, env = project
     result = _run(_npu_port_run("--keep-device-checks", "--override", OVERRIDE, "-m", "scripts.animate", "--out",
@@ -117,6 +121,7 @@ def test_keep_device_checks_leaves_the_assertion_as_written(project):
     assert "SystemExit" not in result.stderr and "animate: CUDA tensors expected" in result.stderr
 
 
+@pytest.mark.slow
 def test_modules_outside_the_project_folder_are_routed_only_when_watched(project, tmp_path):
     root, env = project
     library = tmp_path / "lib"

@@ -55,6 +55,7 @@ def _run(command, project, env, timeout=600):
     return subprocess.run(command, cwd=root / "project", env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_without_npu_port_the_project_fails(project):
     root, env = project
     result = _run([sys.executable, "main.py", "--out", str(root / "plain.pt"), "--pipeline", str(root / "pipeline")],
@@ -64,6 +65,7 @@ def test_without_npu_port_the_project_fails(project):
     assert not (root / "plain.pt").exists()
 
 
+@pytest.mark.slow
 def test_under_npu_port_run_it_runs_unchanged_and_matches_the_cpu_reference(project):
     root, env = project
     report_path = root / "run-report.json"

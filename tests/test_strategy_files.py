@@ -118,6 +118,7 @@ def test_bench_selection_skips_the_broken_file_with_its_error(search_path, reque
     assert ("latin", f"broken strategy file: {search_path / 'latin.yaml'}:1: {UTF8_ERROR}") in skipped
 
 
+@pytest.mark.slow
 def test_npu_port_bench_runs_the_others_and_refuses_the_broken_one_by_name(search_path, tmp_path, capsys):
     argv = ["bench", "--shapes", "custom:1,1,16,8", "--repeats", "1", "--warmup", "0"]
     assert main([*argv, "--strategies", "good-one,sdpa"]) == 0

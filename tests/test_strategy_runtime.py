@@ -277,6 +277,7 @@ handle.restore()
 """
 
 
+@pytest.mark.slow
 def test_a_second_process_reuses_the_disk_cache_without_probing(tmp_path):
     env = {**os.environ, "NPU_PORT_CACHE_DIR": str(tmp_path)}
     runs = []
