@@ -4,6 +4,7 @@ the project's folders are found without running any of the project's code."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import pytest
@@ -150,8 +151,13 @@ def test_entry_points_and_their_watch_roots(tmp_path):
 
     script = resolve_entry(str(project / "scripts" / "animate.py"), as_module=False, cwd=str(elsewhere))
     assert script.sys_path0 == str(project / "scripts") and script.top_package_parent == str(project)
-    roots = watch_roots(script, [str(tmp_path)], cwd=str(elsewhere))
+    roots = watch_roots(script, [str(tmp_path)], cwd=str(elsewhere), environ={})
     assert roots == [str(elsewhere), str(project / "scripts"), str(project), str(tmp_path)]
+    library = tmp_path / "lib"
+    library.mkdir()
+    on_path = {"PYTHONPATH": os.pathsep.join([str(library), "../project", str(tmp_path / "missing")])}
+    roots = watch_roots(script, [], cwd=str(elsewhere), environ=on_path)
+    assert roots == [str(elsewhere), str(project / "scripts"), str(project), str(library)]  # each once, existing only
 
 
 @pytest.mark.parametrize(

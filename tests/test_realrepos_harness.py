@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "realrepos"
 def _load(name: str):
     spec = importlib.util.spec_from_file_location(f"realrepos_{name}", HARNESS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -72,3 +74,42 @@ def test_the_hand_port_refuses_an_edit_that_matches_a_different_number_of_times(
     monkeypatch.setitem(handport.EDITS, "toy", [("demo.py", r"\.cuda\(\)", ".cpu()", 2)])
     handport.port("toy", str(repo), str(tmp_path / "out"))
     assert (tmp_path / "out" / "demo.py").read_text(encoding="utf-8") == "DEVICE = 'cuda'\nx.cpu()\nx.cpu()\n"
+
+
+run_module = _load("run")
+
+
+def _item(npu_error, hand_error, reference_exit=0):
+    compared = {"verdict": "compared", "float": 0.009, "float_scale": 1.5, "image": 68}
+    return {
+        "npuport": {"exit": 0},
+        "handport": {"exit": 0},
+        "compare": compared,
+        "reference64": {"exit": reference_exit},
+        "vs_reference64": {"verdict": "compared", "float": npu_error},
+        "hand_vs_reference64": {"verdict": "compared", "float": hand_error},
+    }
+
+
+@pytest.mark.parametrize(
+    "npu_error, hand_error, reference_exit, expected",
+    [
+        (9.1e-3, 7.1e-3, 0, "works (float16: as close to float64 as the hand port)"),
+        (1.5e-2, 7.1e-3, 0, "DIFFERS from float64"),
+        (float("nan"), 7.1e-3, 0, "DIFFERS from float64"),
+        (9.1e-3, 7.1e-3, 1, "DIFFERS (no float64 reference)"),
+    ],
+)
+def test_a_half_precision_run_is_judged_against_float64_not_against_the_other_float16_run(
+    npu_error, hand_error, reference_exit, expected
+):
+    assert run_module.verdict(_item(npu_error, hand_error, reference_exit)) == expected
+
+
+def test_a_float32_run_still_needs_float32_agreement():
+    item = _item(1e-6, 1e-6)
+    for key in ("reference64", "vs_reference64", "hand_vs_reference64"):
+        del item[key]
+    assert run_module.verdict(item) == "DIFFERS"
+    item["compare"] = {"verdict": "compared", "float": 1e-5, "float_scale": 1.5, "image": 1}
+    assert run_module.verdict(item) == "works"

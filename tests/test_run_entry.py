@@ -121,22 +121,47 @@ def test_keep_device_checks_leaves_the_assertion_as_written(project):
     assert "SystemExit" not in result.stderr and "animate: CUDA tensors expected" in result.stderr
 
 
+ELSEWHERE_ENTRY = """import os, sys
+sys.path.insert(0, os.environ["MOTIONLIB_HOME"])  # the project finds its library itself (RAFT: sys.path.append)
+import torch
+from motionlib.attention import MotionAttention, flash_attention
+q = torch.randn(1, 8, 2, 8, device="cuda")
+flash_attention(q, q, q)
+MotionAttention(32).cuda()(torch.randn(1, 4, 32, device="cuda"))
+"""
+
+
 @pytest.mark.slow
-def test_modules_outside_the_project_folder_are_routed_only_when_watched(project, tmp_path):
+def test_modules_outside_the_project_folders_are_routed_only_when_watched(project, tmp_path):
+    root, env = project
+    library = tmp_path / "lib"
+    library.mkdir()
+    shutil.move(str(root / "motionlib"), str(library / "motionlib"))
+    (root / "elsewhere.py").write_text(ELSEWHERE_ENTRY)
+    env = {**env, "MOTIONLIB_HOME": str(library)}
+    unwatched = _run(_npu_port_run("--report", "unwatched.json", "elsewhere.py"), root, env)
+    assert unwatched.returncode == 1
+    data = json.loads((root / "unwatched.json").read_text())
+    assert data["outcome"]["error"] == "AssertionError: flash attention needs CUDA tensors"
+    assert data["legacy_attention_classes"] == []
+    watched = _run(_npu_port_run("--report", "watched.json", "--watch", str(library), "elsewhere.py"), root, env)
+    assert watched.returncode == 0, watched.stderr[-3000:]
+    data = json.loads((root / "watched.json").read_text())
+    assert data["legacy_attention_classes"] == ["motionlib.attention.MotionAttention"]
+    assert str(library) in data["project"]["watched_roots"]
+
+
+@pytest.mark.slow
+def test_folders_on_pythonpath_are_the_projects(project, tmp_path):
     root, env = project
     library = tmp_path / "lib"
     library.mkdir()
     shutil.move(str(root / "motionlib"), str(library / "motionlib"))
     env = {**env, "PYTHONPATH": str(library)}
-    command = ["--override", OVERRIDE, "-m", "scripts.animate", "--out", "x.pt"]
-    unwatched = _run(_npu_port_run("--report", "unwatched.json", *command), root, env)
-    assert unwatched.returncode == 1
-    data = json.loads((root / "unwatched.json").read_text())
-    assert data["outcome"]["error"] == "AssertionError: flash attention needs CUDA tensors"
-    assert data["legacy_attention_classes"] == []
-    watched = _run(_npu_port_run("--report", "watched.json", "--watch", str(library), *command), root, env)
-    assert watched.returncode == 0, watched.stderr[-3000:]
-    data = json.loads((root / "watched.json").read_text())
+    result = _run(_npu_port_run("--report", "r.json", "--override", OVERRIDE, "-m", "scripts.animate", "--out", "x.pt"),
+                  root, env)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((root / "r.json").read_text())
     assert data["legacy_attention_classes"] == ["motionlib.attention.MotionAttention"]
     assert str(library) in data["project"]["watched_roots"]
 

@@ -285,8 +285,11 @@ def _make_tav_readme_inference(repo: str, out: str) -> None:
     snippet = _substitute(_readme_snippet(repo), pairs, "README snippet")
     with open(os.path.join(out, "readme_inference.py"), "w", encoding="utf-8") as fh:
         fh.write(snippet)
+    handport = _substitute(snippet, README_HANDPORT, "hand port")
     with open(os.path.join(out, "readme_inference_handport.py"), "w", encoding="utf-8") as fh:
-        fh.write(_substitute(snippet, README_HANDPORT, "hand port"))
+        fh.write(handport)
+    with open(os.path.join(out, "readme_inference_float64.py"), "w", encoding="utf-8") as fh:
+        fh.write(handport.replace("torch.float16", "torch.float64"))  # the reference both float16 runs are judged by
 
 
 # ---- AnimateDiff: python -m scripts.animate --config (motion module v1-style, 2 DDIM steps, 4 frames of 32x32) ---

@@ -45,6 +45,9 @@ class Run:
     no_display: bool = False
     note: str = ""
     hand_entry: str = ""  # the hand port's entry point when it is not the edited copy's (the README snippet)
+    #: for a half-precision run: the hand port in float64, run as the "reference64" variant; npu-port's and the hand
+    #: port's outputs are then each compared with it, and npu-port may be at most HALF_RATIO times further off
+    reference_entry: str = ""
     collect: str = ""  # a glob of files the project writes in the working folder, moved into the run's folder
 
 
@@ -111,6 +114,7 @@ RUNS = [
         cwd_repo=True,
         repo_on_path=True,
         hand_entry="{inputs}/readme_inference_handport.py",
+        reference_entry="{inputs}/readme_inference_float64.py",
         collect="*.gif",
         note="the README's inference snippet (float16, .to('cuda'), pipe.enable_xformers...), run from the repo root",
     ),
@@ -197,12 +201,16 @@ def _fill(values: List[str], inputs: str) -> List[str]:
 
 
 def _command(run: Run, root: str, variant: str, run_dir: str) -> tuple:
-    """(argv, cwd, env, repo, inputs) of one variant: "npuport", "plain" (the fetched original) or "handport"."""
+    """(argv, cwd, env, repo, inputs) of one variant: "npuport", "plain" (the fetched original), "handport" or
+    "reference64" (the hand port in float64)."""
     venv = os.path.join(root, "venvs", run.project)
-    repo = os.path.join(root, "handport" if variant == "handport" else "src", DIRNAME[run.project])
+    hand = variant in ("handport", "reference64")
+    repo = os.path.join(root, "handport" if hand else "src", DIRNAME[run.project])
     inputs = os.path.join(root, "inputs", run.project)
     args = _fill(run.args, inputs)
     entry = run.hand_entry if variant == "handport" and run.hand_entry else run.entry
+    if variant == "reference64":
+        entry = run.reference_entry
     if entry.startswith("-m "):
         target = ["-m", entry[3:]]
     elif entry.startswith("{inputs}"):
@@ -314,7 +322,7 @@ def execute(run: Run, root: str, variant: str, timeout: int) -> dict:
     return result
 
 
-def _compare(root: str, run: Run) -> dict:
+def _compare(root: str, run: Run, ours: str = "npuport", theirs: str = "handport") -> dict:
     python = os.path.join(root, "venvs", run.project, "bin", "python")
     out = os.path.join(root, "out", run.id)
     done = subprocess.run(
@@ -324,8 +332,8 @@ def _compare(root: str, run: Run) -> dict:
             "ignore",
             os.path.join(HERE, "compare.py"),
             "--json",
-            os.path.join(out, "npuport"),
-            os.path.join(out, "handport"),
+            os.path.join(out, ours),
+            os.path.join(out, theirs),
         ],
         capture_output=True,
         text=True,
@@ -383,6 +391,9 @@ def _outcome(result: dict) -> str:
 #: outputs "match" the hand port when every float differs by at most this fraction of the largest value in its file
 #: (at least 1; float32 kernels that order operations differently) and every 8-bit image by at most one level
 FLOAT_RTOL, IMAGE_LEVELS = 1e-4, 1.0
+#: a half-precision run (two float16 computations never agree to float32 rounding) "works" when npu-port's floats are
+#: at most this many times further from the float64 reference than the hand port's
+HALF_RATIO = 2.0
 
 
 def verdict(item: dict) -> str:
@@ -402,6 +413,12 @@ def _outputs_verdict(item: dict) -> str:
         return "FAILS"
     if comparison.get("verdict") != "compared":
         return "DIFFERS"
+    if "reference64" in item:
+        ours, hand_error = item.get("vs_reference64") or {}, item.get("hand_vs_reference64") or {}
+        if item["reference64"]["exit"] != 0 or ours.get("verdict") != "compared":
+            return "DIFFERS (no float64 reference)"
+        within = (ours.get("float") or 0.0) <= HALF_RATIO * (hand_error.get("float") or 0.0)
+        return "works (float16: as close to float64 as the hand port)" if within else "DIFFERS from float64"
     scale = max(comparison.get("float_scale") or 0.0, 1.0)
     if (comparison.get("float") or 0.0) > FLOAT_RTOL * scale or (comparison.get("image") or 0.0) > IMAGE_LEVELS:
         return "DIFFERS"
@@ -422,6 +439,11 @@ def table(results: List[dict]) -> str:
             float_diff += f" ({_fmt(comparison['float_scale'])})"
         if state and state != "compared":
             float_diff += f" {state}"
+        if "vs_reference64" in item:
+            float_diff += (
+                f"; vs float64: npu-port {_fmt(item['vs_reference64'].get('float'))}, "
+                f"hand port {_fmt(item['hand_vs_reference64'].get('float'))}"
+            )
         rows.append(
             f"| {item['id']} | {verdict(item)} | {_outcome(item['plain'])} | {_outcome(npu)} | {_outcome(hand)} | "
             f"{_report_cell(npu)} | {float_diff} | {image_diff} | "
@@ -490,7 +512,7 @@ def main() -> int:
         item = {"id": run.id, "note": run.note}
         print(f"== {run.id}: npu-port", flush=True)
         item["npuport"] = execute(run, root, "npuport", args.timeout)
-        for variant in ("handport", "plain"):
+        for variant in ("handport", "plain", *(("reference64",) if run.reference_entry else ())):
             cached = os.path.join(root, "out", run.id, variant, "exit_code.txt")
             if args.rerun_baselines or not os.path.exists(cached) or variant not in previous.get(run.id, {}):
                 print(f"== {run.id}: {variant}", flush=True)
@@ -498,6 +520,9 @@ def main() -> int:
             else:
                 item[variant] = previous[run.id][variant]
         item["compare"] = _compare(root, run)
+        if run.reference_entry:
+            item["vs_reference64"] = _compare(root, run, "npuport", "reference64")
+            item["hand_vs_reference64"] = _compare(root, run, "handport", "reference64")
         previous[run.id] = item
     ordered = [previous[r.id] for r in RUNS if r.id in previous]
     for item in ordered:  # errors are read from the logs again, so a better reading reaches every row

@@ -122,7 +122,7 @@ def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -
 
     environ = os.environ if environ is None else environ
     entry = resolve_entry(args.target, args.as_module)
-    roots = watch_roots(entry, args.watch)
+    roots = watch_roots(entry, args.watch, environ=environ)
     report = rank_report_path(args.report, environ) if args.report else None
     if report:
         _check_report_path(report)

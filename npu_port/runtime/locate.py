@@ -13,7 +13,7 @@ import importlib.machinery
 import os
 import sys
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 from ..errors import RunError
 
@@ -95,14 +95,24 @@ def resolve_entry(target: str, as_module: bool, cwd: Optional[str] = None) -> En
     return EntryPoint("module", target, origin, cwd)
 
 
-def watch_roots(entry: EntryPoint, extra: Sequence[str] = (), cwd: Optional[str] = None) -> List[str]:
+def watch_roots(
+    entry: EntryPoint,
+    extra: Sequence[str] = (),
+    cwd: Optional[str] = None,
+    environ: Optional[Mapping[str, str]] = None,
+) -> List[str]:
     """The folders whose modules are the project's: the working directory, the entry point's folder and its top
-    package's parent, and ``extra`` (``--watch``; each must be an existing folder). Absolute, each once."""
+    package's parent, the folders on ``PYTHONPATH`` (where people put a project's own packages: ``PYTHONPATH=. python
+    scripts/animate.py``), and ``extra`` (``--watch``; each must be an existing folder). Absolute, each once; the
+    import watcher still leaves out installed packages under any of them."""
     roots: List[str] = []
     for folder in extra:
         if not os.path.isdir(folder):
             raise RunError(f"--watch {folder!r}: no such folder (give a folder holding the project's modules)")
-    for folder in (cwd or os.getcwd(), os.path.dirname(entry.path), entry.top_package_parent, *extra):
+    cwd = cwd or os.getcwd()
+    python_path = (os.environ if environ is None else environ).get("PYTHONPATH", "")
+    on_path = [os.path.join(cwd, p) for p in python_path.split(os.pathsep) if p and os.path.isdir(os.path.join(cwd, p))]
+    for folder in (cwd, os.path.dirname(entry.path), entry.top_package_parent, *on_path, *extra):
         real = os.path.realpath(folder)
         if real not in roots:
             roots.append(real)
