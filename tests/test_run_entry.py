@@ -79,6 +79,7 @@ def test_run_dash_m_routes_the_sibling_package_and_matches_the_hand_port(project
         {"target": "motionlib.fused:fused_gelu", "replacement": "cpu_ops:fused_gelu", "applied": True}
     ]
     assert data["drop_ins"]["served"] == {"flash_attn": ["flash_attn"]}  # never xformers: the project did not import it
+    assert data["drop_ins"]["imported_by"] == {"flash_attn": {"flash_attn": "motionlib.attention"}}
     assert str(root) in data["project"]["watched_roots"]
     assert {"scripts", "motionlib.attention", "motionlib.fused", "cpu_ops"} <= set(data["project"]["modules"])
     checks = [(c["module"], c["line"], c["code"], c["hits"]) for c in data["device_checks"]]

@@ -60,6 +60,7 @@ class Activation:
         from ..shims.finder import registered
 
         served = {name: list(r.served) for name, r in registered().items() if r.served}
+        importers = {name: dict(r.imported_by) for name, r in registered().items() if r.served}
         reasons = {name: r.reason for name, r in registered().items() if r.served and r.reason}
         return {
             "device": str(self.device),
@@ -69,10 +70,12 @@ class Activation:
             "drop_ins": {
                 "installed": list(self.dropins),
                 "served": {k: v for k, v in served.items() if k in self.dropins},
+                "imported_by": {k: v for k, v in importers.items() if k in self.dropins},
             },
             "fallbacks": {
                 "installed": list(self.fallbacks),
                 "served": {k: v for k, v in served.items() if k in self.fallbacks},
+                "imported_by": {k: v for k, v in importers.items() if k in self.fallbacks},
                 "why": {k: v for k, v in reasons.items() if k in self.fallbacks},
             },
             "legacy_attention_classes": list(self.legacy_classes),
@@ -91,7 +94,11 @@ class Activation:
         data = self.summary()
         hits = ", ".join(f"{k} x{v}" for k, v in sorted(data["redirect"]["hits"].items())) or "none"
         calls = ", ".join(f"{k} x{v}" for k, v in sorted(data["attention_calls"].items())) or "none"
-        served = [*data["drop_ins"]["served"], *data["fallbacks"]["served"]]
+        served = []
+        for kind in ("drop_ins", "fallbacks"):
+            for name in data[kind]["served"]:
+                importer = data[kind]["imported_by"][name].get(name)
+                served.append(f"{name} (imported by {importer})" if importer else name)
         lines = [
             f"npu-port run: device {data['device']}; attention strategy {data['strategy']['requested']} "
             f"-> {data['strategy']['resolved']} ({calls})",

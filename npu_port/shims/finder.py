@@ -44,6 +44,7 @@ class Replacement:
     distribution: Optional[str] = None  # package metadata to present, e.g. "flash-attn"
     version: Optional[str] = None
     served: List[str] = field(default_factory=list)  # full names actually served, for the run summary
+    imported_by: Dict[str, str] = field(default_factory=dict)  # full name -> the module whose import asked for it
     reason: Optional[str] = None  # why the stand-in is in use ("not installed", the real import's error)
 
 
@@ -73,6 +74,7 @@ class _StandInLoader(importlib.abc.Loader):
         if self.fullname == self.replacement.name and self.replacement.version is not None:
             module.__version__ = self.replacement.version  # `pkg.__version__` checks are common
         self.replacement.served.append(self.fullname)
+        self.replacement.imported_by.setdefault(self.fullname, _importer())
 
 
 class _RealOrFallbackLoader(importlib.abc.Loader):
@@ -103,6 +105,18 @@ class _RealOrFallbackLoader(importlib.abc.Loader):
         self.replacement.reason = f"the real module failed to load ({detail})"
         logger.warning("npu-port: %s failed to load (%s); using npu-port's fallback", self.fullname, detail)
         _StandInLoader(self.replacement, self.fullname).exec_module(module)
+
+
+def _importer() -> str:
+    """The module whose code is importing right now: the first frame outside the import system and npu-port's
+    stand-ins (so the summary can say "xformers, imported by diffusers.models.attention_processor")."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not name.startswith(("importlib", "npu_port.shims", "_frozen_importlib")):
+            return name or "?"
+        frame = frame.f_back
+    return "?"
 
 
 def _real_spec(fullname: str, path, target) -> Optional[importlib.machinery.ModuleSpec]:
