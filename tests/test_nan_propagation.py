@@ -201,3 +201,53 @@ def test_reference_itself_puts_nan_where_the_formula_does():
     keep = torch.tensor([[True, True, False], [False, False, False], [True, True, True]])
     ref = reference_attention(query, key, value, keep=keep)
     assert torch.isnan(ref[0, 0, [0, 2]]).all() and torch.equal(ref[0, 0, 1], torch.zeros(4, dtype=torch.float64))
+
+
+@st.composite
+def nans_with_whole_rows(draw, case):
+    """:func:`with_nans`, sometimes with a whole query row or every key of a head NaN (what SDPA's CPU flash kernel
+    turns into rows of zeros)."""
+    tensors = draw(with_nans(case))
+    if draw(st.booleans()):
+        name = draw(st.sampled_from(("query", "key")))
+        tensor = tensors[name]
+        batch, head = draw(st.integers(0, tensor.shape[0] - 1)), draw(st.integers(0, tensor.shape[1] - 1))
+        if name == "query":
+            tensor[batch, head, draw(st.integers(0, tensor.shape[2] - 1))] = NAN
+        else:
+            tensor[batch, head] = NAN
+    return tensors
+
+
+@settings(max_examples=60)
+@given(case=attention_cases(dtypes=(torch.float32, torch.float64), forms=("none",)), data=st.data())
+def test_torch_sdpa_loses_a_nan_only_as_a_row_of_zeros(case, data):
+    """What ``SdpaKernel.zeros_hide_nan`` promises the fast path's output screen: whenever the inputs hold a NaN,
+    torch's own SDPA output holds a NaN or a row of exact zeros."""
+    tensors = data.draw(nans_with_whole_rows(case))
+    enable_gqa = tensors["query"].shape[1] != tensors["key"].shape[1]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        tensors["query"], tensors["key"], tensors["value"], is_causal=case.is_causal, scale=case.scale,
+        enable_gqa=enable_gqa,
+    )  # fmt: skip
+    zero_row = bool((out == 0).all(dim=-1).any())
+    assert bool(torch.isnan(out).any()) or zero_row
+    assert not contract._output_is_clean(out)
+
+
+@settings(max_examples=60)
+@given(case=attention_cases(dtypes=(torch.float32,), forms=("none",)), data=st.data())
+def test_the_fast_path_gives_the_references_nan_pattern(case, data):
+    """The router's prepared runner (sdpa, unmasked) screens its output, not its inputs: every NaN still comes out
+    where the float64 reference puts it, and clean inputs come out bit-identical to SDPA's."""
+    router = StrategyRouter(npu_port.get_strategy("sdpa"))
+    kwargs = {"is_causal": case.is_causal, "scale": case.scale, "enable_gqa": True}
+    clean = router(case.query, case.key, case.value, **kwargs)  # prepares the runner
+    again = router(case.query, case.key, case.value, **kwargs)
+    assert router._prepared and torch.equal(again, clean)
+    tensors = data.draw(nans_with_whole_rows(case))
+    out = router(tensors["query"], tensors["key"], tensors["value"], **kwargs)
+    ref = reference_attention(
+        tensors["query"], tensors["key"], tensors["value"], is_causal=case.is_causal, scale=case.scale
+    )
+    assert_same_nan_pattern_and_close(out, ref, torch.float32)

@@ -24,6 +24,7 @@ whose inputs hold no NaN is returned untouched.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import torch
@@ -33,6 +34,13 @@ from .call import AttentionCall
 
 #: Devices where reading a flag back costs no device synchronisation: there, inputs without NaN skip the work.
 CHECK_FIRST_ON = ("cpu",)
+
+
+def _may_hold_nan(*tensors: Optional[Tensor]) -> bool:
+    """Whether any input may hold a NaN, read on the host: one reduction and one scalar read per tensor (a sum of
+    ``amax`` values is NaN for a NaN anywhere, and for ``inf - inf``, when the exact check below decides). Scalar reads
+    cost less than combining the reductions as tensors: this runs on every CPU call, whose work may be ~10 µs."""
+    return math.isnan(sum(t.amax().item() for t in tensors if t is not None))
 
 
 def rows_with_keys(call: AttentionCall) -> Optional[Tensor]:
@@ -49,9 +57,25 @@ def finish_output(out: Tensor, call: AttentionCall) -> Tensor:
     return _finish(out, call.query, call.key, call.value, bias, lambda: rows_with_keys(call))
 
 
-def finish_unmasked(out: Tensor, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
-    """:func:`finish_output` for an unmasked 4-D call, from the tensors alone (the router's prepared fast path)."""
+def finish_unmasked(out: Tensor, query: Tensor, key: Tensor, value: Tensor, *, zeros_hide_nan: bool = False) -> Tensor:
+    """:func:`finish_output` for an unmasked 4-D call, from the tensors alone (the router's prepared fast path).
+
+    ``zeros_hide_nan``: the kernel is one whose backend, where it loses a NaN, writes a row of zeros in its place
+    (``Kernel.zeros_hide_nan``: torch's CPU SDPA). Then, on the CPU, the output alone is screened first — one pass
+    over one contiguous tensor instead of one over each of three (often strided) inputs: the fast path serves small
+    calls whose whole work is ~10 µs, and those screens were a few percent of a tiny pipeline. An output with a NaN,
+    or with a row that sums to exactly zero (the hidden-NaN mark, or rarely a real one), goes on to the full check.
+    """
+    if zeros_hide_nan and out.device.type in CHECK_FIRST_ON and _output_is_clean(out):
+        return out
     return _finish(out, query, key, value, None, lambda: None)
+
+
+def _output_is_clean(out: Tensor) -> bool:
+    """No NaN and no row summing to exactly zero: ``sum(1 / row_sums)`` is finite (a zero row gives ``inf``, a NaN
+    NaN; a row so small that its reciprocal overflows is a false alarm, which only costs the full check)."""
+    accumulate = torch.float64 if out.dtype == torch.float64 else torch.float32
+    return math.isfinite(out.sum(dim=-1, dtype=accumulate).reciprocal_().sum().item())
 
 
 def _finish(
@@ -63,12 +87,8 @@ def _finish(
     rows_with_key: Callable[[], Optional[Tensor]],
 ) -> Tensor:
     # amax propagates NaN and, unlike a sum, cannot overflow into inf - inf: one read of each input, no big temporary
-    if out.device.type in CHECK_FIRST_ON:  # skip everything when no NaN came in
-        total = query.amax() + key.amax() + value.amax()  # NaN (or inf - inf: then the exact check below decides)
-        if bias is not None:
-            total = total + bias.amax()
-        if not bool(torch.isnan(total)):
-            return out
+    if out.device.type in CHECK_FIRST_ON and not _may_hold_nan(query, key, value, bias):
+        return out
     query_rows = torch.isnan(query.amax(dim=-1, keepdim=True))  # (B, Hq, Sq, 1)
     if bias is not None:
         query_rows = query_rows | torch.isnan(bias.amax(dim=-1, keepdim=True))

@@ -63,11 +63,12 @@ def fingerprint(strategy: Strategy) -> Dict[str, Any]:
     }
 
 
-def _held_to_contract(runner: Callable[..., Tensor]) -> Callable[..., Tensor]:
+def _held_to_contract(runner: Callable[..., Tensor], kernel: Kernel) -> Callable[..., Tensor]:
     """A prepared runner whose output keeps the inputs' NaN as every other path does (see npu_port.attn.contract)."""
+    zeros_hide_nan = kernel.zeros_hide_nan
 
     def run(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
-        return finish_unmasked(runner(query, key, value), query, key, value)
+        return finish_unmasked(runner(query, key, value), query, key, value, zeros_hide_nan=zeros_hide_nan)
 
     return run
 
@@ -281,7 +282,7 @@ class StrategyRouter:
             if runner is not None:
                 if len(self._prepared) >= MAX_PREPARED:  # shapes that never repeat (growing sequences): start over
                     self._prepared.clear()
-                self._prepared[signature] = (_held_to_contract(runner), kernel.name)
+                self._prepared[signature] = (_held_to_contract(runner, kernel), kernel.name)
         return run_call(call, kernel)
 
     # ---- reporting --------------------------------------------------------------------------------------------

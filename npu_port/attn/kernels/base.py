@@ -81,6 +81,9 @@ class Kernel:
     supports_grad: ClassVar[bool] = True
     #: whether additive float masks (biases) can be expressed; bool masks are always taken
     supports_float_mask: ClassVar[bool] = True
+    #: whether the backend, where it loses a NaN of the inputs, writes a row of zeros instead (torch's CPU SDPA
+    #: does): lets the unmasked fast path screen the output for NaN rather than every input (npu_port.attn.contract)
+    zeros_hide_nan: ClassVar[bool] = False
     OPTIONS: ClassVar[Mapping[str, Option]] = {}
 
     def __init__(self, **options: Any) -> None:
