@@ -106,8 +106,8 @@ def _format_stop(summary: Dict[str, Any]) -> str:
     outcome = summary["outcome"]
     lines = []
     if outcome["status"] != "completed":
-        lines.append(f"  stopped: {outcome['status']}, exit code {outcome['exit_code']}" +
-                     (f" ({outcome['error']})" if outcome["error"] else ""))  # fmt: skip
+        error = f" ({outcome['error']})" if outcome["error"] else ""
+        lines.append(f"  stopped: {outcome['status']}, exit code {outcome['exit_code']}{error}")
     if summary.get("hint"):
         lines.append(f"  hint: {summary['hint']}")
     return "\n".join(lines)
