@@ -240,7 +240,8 @@ class AttentionCall:
 
     @property
     def is_empty(self) -> bool:
-        return self.query.numel() == 0 or self.key_len == 0
+        """No queries, no keys, or values of width 0: the answer is zeros of the output's shape, on every kernel."""
+        return self.query.numel() == 0 or self.key_len == 0 or self.value_dim == 0
 
     # ---- helpers shared by kernels ------------------------------------------------------------------------------
 

@@ -25,12 +25,13 @@ whose inputs hold no NaN is returned untouched.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .call import AttentionCall
+from .masks import causal_keep
 
 #: Devices where reading a flag back costs no device synchronisation: there, inputs without NaN skip the work.
 CHECK_FIRST_ON = ("cpu",)
@@ -40,14 +41,36 @@ def _may_hold_nan(*tensors: Optional[Tensor]) -> bool:
     """Whether any input may hold a NaN, read on the host: one reduction and one scalar read per tensor (a sum of
     ``amax`` values is NaN for a NaN anywhere, and for ``inf - inf``, when the exact check below decides). Scalar reads
     cost less than combining the reductions as tensors: this runs on every CPU call, whose work may be ~10 µs."""
-    return math.isnan(sum(t.amax().item() for t in tensors if t is not None))
+    return math.isnan(sum(t.amax().item() for t in tensors if t is not None and t.numel()))
+
+
+def _nan_along(tensor: Tensor, dims: Tuple[int, ...], keepdim: bool = False) -> Tensor:
+    """``isnan(tensor.amax(dims))``; all False where ``tensor`` has no elements (``amax`` refuses an empty
+    reduction, and an empty tensor holds no NaN)."""
+    if tensor.numel():
+        return torch.isnan(tensor.amax(dim=dims, keepdim=keepdim))
+    reduced = {d % tensor.dim() for d in dims}
+    shape = [1 if i in reduced else size for i, size in enumerate(tensor.shape) if keepdim or i not in reduced]
+    return torch.zeros(shape, dtype=torch.bool, device=tensor.device)
 
 
 def rows_with_keys(call: AttentionCall) -> Optional[Tensor]:
-    """``(B|1, H|1, Sq, 1)`` bool: which query rows have at least one key; None when every row has one (no mask:
-    top-left causal attention always lets row ``i`` see key 0)."""
-    keep = call.keep_mask() if call.mask is not None else None
-    return None if keep is None else keep.any(dim=-1, keepdim=True)
+    """``(B|1, H|1, Sq|1, 1)`` bool: which query rows have at least one key; None when every row has one (no mask:
+    top-left causal attention always lets row ``i`` see key 0).
+
+    Never the ``(Sq, Skv)`` causal mask for a key-padding mask under ``is_causal`` (``chunked`` exists so that nothing
+    that size is built): row ``i`` sees keys ``0..i``, so it has one when the running "any key kept yet" along the
+    keys is true at ``min(i, Skv - 1)``."""
+    if call.mask is None:
+        return None
+    keep = call.mask.keep
+    if not call.is_causal:
+        return keep.any(dim=-1, keepdim=True)
+    if keep.shape[-2] == 1:
+        seen = keep.cumsum(dim=-1) > 0  # (..., 1, Skv)
+        last_key = torch.arange(call.q_len, device=keep.device).clamp_(max=call.key_len - 1)
+        return seen[..., 0, last_key].unsqueeze(-1)
+    return (keep & causal_keep(call.q_len, call.key_len, keep.device)).any(dim=-1, keepdim=True)
 
 
 def finish_output(out: Tensor, call: AttentionCall) -> Tensor:
@@ -87,13 +110,13 @@ def _finish(
     rows_with_key: Callable[[], Optional[Tensor]],
 ) -> Tensor:
     # amax propagates NaN and, unlike a sum, cannot overflow into inf - inf: one read of each input, no big temporary
-    if out.device.type in CHECK_FIRST_ON and not _may_hold_nan(query, key, value, bias):
+    if out.numel() == 0 or (out.device.type in CHECK_FIRST_ON and not _may_hold_nan(query, key, value, bias)):
         return out
-    query_rows = torch.isnan(query.amax(dim=-1, keepdim=True))  # (B, Hq, Sq, 1)
+    query_rows = _nan_along(query, (-1,), keepdim=True)  # (B, Hq, Sq, 1)
     if bias is not None:
-        query_rows = query_rows | torch.isnan(bias.amax(dim=-1, keepdim=True))
-    key_heads = torch.isnan(key.amax(dim=(-2, -1)))  # (B, Hkv)
-    value_columns = torch.isnan(value.amax(dim=-2)) | key_heads.unsqueeze(-1)  # (B, Hkv, Dv)
+        query_rows = query_rows | _nan_along(bias, (-1,), keepdim=True)
+    key_heads = _nan_along(key, (-2, -1))  # (B, Hkv)
+    value_columns = _nan_along(value, (-2,)) | key_heads.unsqueeze(-1)  # (B, Hkv, Dv)
     group = query.shape[1] // key.shape[1]
     if group > 1:  # query heads j*G .. j*G+G-1 share key/value head j
         value_columns = value_columns.repeat_interleave(group, dim=1)

@@ -99,6 +99,33 @@ def _failure(exc: Exception) -> str:
     return f"failed: {type(exc).__name__}: {message}"
 
 
+#: Decision.source of a call that could not be measured (its inputs hold NaN or inf): used once, never kept.
+UNMEASURED = "unmeasured"
+
+
+def _unmeasured(
+    call: AttentionCall, bucket: str, runnable: List[Kernel], results: List[CandidateResult], started: float
+) -> Decision:
+    """The first candidate that can run ``call``, for this call only: with NaN or inf in its inputs the math
+    kernel's answer is not finite, no output can be checked against it, and timings on it would say nothing. The
+    output still holds the NaN where SDPA's formula puts it (npu_port.attn.contract); the next call of the bucket
+    is measured."""
+    why = (
+        "not measured: NaN or inf in query, key, value or mask, so no output can be checked against the math kernel; "
+        "this call runs on the first candidate that can run it, and the next call of this shape is measured"
+    )
+    picked = [CandidateResult(runnable[0].name, PICKED, [why])]
+    rest = [CandidateResult(kernel.name, SKIPPED, [why]) for kernel in runnable[1:]]
+    return Decision(
+        bucket=bucket,
+        kernel=runnable[0].name,
+        select="measure",
+        candidates=picked + rest + results,
+        probe_seconds=time.perf_counter() - started,
+        source=UNMEASURED,
+    )
+
+
 def _first_run(kernel: Kernel, call: AttentionCall) -> float:
     """One run on the real inputs, whose output must be free of NaN / inf; its synchronised seconds."""
     synchronize(call.device)
@@ -185,6 +212,8 @@ def measure(
         sliced = parity_slice(call, parity_rows)
         reference = reference_output(sliced)
         reference_finite = bool(torch.isfinite(reference).all())
+        if not reference_finite:  # NaN / inf came in: nothing can be checked, so nothing is decided on this call
+            return _unmeasured(call, bucket, runnable, results, started)
         survivors: List[Tuple[Kernel, CandidateResult]] = []
         first: Dict[str, float] = {}  # each survivor's first run on the real inputs (seconds)
         for kernel in runnable:  # parity on the slice, then one run (NaN check, first time) on the real inputs
@@ -196,14 +225,8 @@ def measure(
             try:
                 error, tolerance = parity_error(kernel, sliced, reference)
                 if not error <= tolerance:  # written so that a NaN error is a rejection too
-                    if not reference_finite:
-                        why = (
-                            "the math kernel itself gives NaN or inf on these inputs (NaN or inf in query, key, "
-                            "value or mask), so no output can be checked against it"
-                        )
-                    else:
-                        what = "NaN or inf in the output" if error == float("inf") else f"max error {error:.2e}"
-                        why = f"disagrees with the math kernel: {what} > {tolerance:.0e}"
+                    what = "NaN or inf in the output" if error == float("inf") else f"max error {error:.2e}"
+                    why = f"disagrees with the math kernel: {what} > {tolerance:.0e}"
                     results.append(
                         CandidateResult(
                             kernel.name,

@@ -27,7 +27,7 @@ from ..errors import KernelUnavailableError, NoKernelError, StrategyError
 from .cache import DecisionCache, kernel_packages
 from .cast import CastKernel
 from .decision import PICKED, REFUSED, CandidateResult, Decision, bucket_key, bucket_signature
-from .measure import measure
+from .measure import UNMEASURED, measure
 from .spec import Strategy
 
 #: Signatures whose prepared runner is kept; past this many (shapes that keep changing) the table starts over.
@@ -63,9 +63,12 @@ def fingerprint(strategy: Strategy) -> Dict[str, Any]:
     }
 
 
-def _held_to_contract(runner: Callable[..., Tensor], kernel: Kernel) -> Callable[..., Tensor]:
-    """A prepared runner whose output keeps the inputs' NaN as every other path does (see npu_port.attn.contract)."""
-    zeros_hide_nan = kernel.zeros_hide_nan
+def _held_to_contract(runner: Callable[..., Tensor], kernel: Kernel, call: AttentionCall) -> Callable[..., Tensor]:
+    """A prepared runner whose output keeps the inputs' NaN as every other path does (see npu_port.attn.contract).
+
+    The output alone may be screened only where the kernel loses a NaN as a row of zeros and nothing else: not under
+    ``is_causal`` with fewer queries than keys, where keys past the last query are never read at all."""
+    zeros_hide_nan = kernel.zeros_hide_nan and not (call.is_causal and call.q_len < call.key_len)
 
     def run(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
         return finish_unmasked(runner(query, key, value), query, key, value, zeros_hide_nan=zeros_hide_nan)
@@ -91,6 +94,7 @@ class StrategyRouter:
         self.calls: Counter = Counter()
         self.caches: Dict[str, DecisionCache] = {}
         self.probes = 0
+        self.unmeasured: Optional[Decision] = None  # the last call auto could not measure (NaN / inf inputs)
         self._lock = threading.Lock()
 
     # ---- what the strategy can do here ------------------------------------------------------------------------
@@ -124,25 +128,35 @@ class StrategyRouter:
 
     def select(self, call: AttentionCall) -> Kernel:
         """The kernel for ``call`` (raises with every reason when none can run it)."""
+        return self._select(call)[0]
+
+    def _select(self, call: AttentionCall) -> Tuple[Kernel, bool]:
+        """The kernel for ``call``, and whether it is settled for the bucket (False for a call auto could not
+        measure: NaN or inf in its inputs — used for that call only)."""
         signature = bucket_signature(call)
         kernel = self._chosen.get(signature)
+        settled = True
         if kernel is None:
-            kernel = self._first_in_bucket(call, signature)
+            kernel, settled = self._first_in_bucket(call, signature)
         self.calls[kernel.name] += 1
-        return kernel
+        return kernel, settled
 
-    def _first_in_bucket(self, call: AttentionCall, signature: Tuple[Any, ...]) -> Kernel:
+    def _first_in_bucket(self, call: AttentionCall, signature: Tuple[Any, ...]) -> Tuple[Kernel, bool]:
         with self._lock:
             kernel = self._chosen.get(signature)
-            if kernel is None:
-                bucket = bucket_key(call)
-                decision = self.decisions.get(bucket)
-                if decision is None:
-                    decision = self._decide(call, bucket)
-                kernel = self._kernel_named(decision.kernel, call)
-                self.decisions[bucket] = decision
-                self._chosen[signature] = kernel
-        return kernel
+            if kernel is not None:
+                return kernel, True
+            bucket = bucket_key(call)
+            decision = self.decisions.get(bucket)
+            if decision is None:
+                decision = self._decide(call, bucket)
+            kernel = self._kernel_named(decision.kernel, call)
+            if decision.source == UNMEASURED:
+                self.unmeasured = decision  # shown by explain(); the bucket is measured on its next call
+                return kernel, False
+            self.decisions[bucket] = decision
+            self._chosen[signature] = kernel
+        return kernel, True
 
     def _kernel_named(self, name: str, call: AttentionCall) -> Kernel:
         for kernel in self.kernels:
@@ -221,7 +235,7 @@ class StrategyRouter:
             probe_seconds=self.strategy.option("probe_seconds"),
             parity_rows=self.strategy.option("parity_rows"),
         )
-        if cache is not None:
+        if cache is not None and decision.source != UNMEASURED:
             cache.put(decision)
         return decision
 
@@ -276,13 +290,13 @@ class StrategyRouter:
                 self.calls[prepared[1]] += 1
                 return prepared[0](query, key, value)
         call = AttentionCall.from_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-        kernel = self.select(call)
-        if signature is not None and query.dim() == 4 and not call.is_empty:
+        kernel, settled = self._select(call)
+        if settled and signature is not None and query.dim() == 4 and not call.is_empty:
             runner = kernel.prepare(call)
             if runner is not None:
                 if len(self._prepared) >= MAX_PREPARED:  # shapes that never repeat (growing sequences): start over
                     self._prepared.clear()
-                self._prepared[signature] = (_held_to_contract(runner, kernel), kernel.name)
+                self._prepared[signature] = (_held_to_contract(runner, kernel, call), kernel.name)
         return run_call(call, kernel)
 
     # ---- reporting --------------------------------------------------------------------------------------------
@@ -307,6 +321,8 @@ class StrategyRouter:
             lines.append("  no attention call yet: decisions are made per shape bucket at the first call")
         for decision in self.decisions.values():
             lines += ["  " + line for line in decision.explain_lines()]
+        if self.unmeasured is not None and self.unmeasured.bucket not in self.decisions:
+            lines += ["  " + line for line in self.unmeasured.explain_lines()]
         if self.calls:
             lines.append("  calls: " + ", ".join(f"{name} {count}" for name, count in self.calls.most_common()))
         return lines

@@ -92,7 +92,9 @@ class SdpaKernel(Kernel):
     name = "sdpa"
     summary = "torch.nn.functional.scaled_dot_product_attention (fused backends picked by torch), NaN-safe"
     #: torch's CPU flash kernel treats a row whose scores are all NaN as empty and writes zeros (a NaN query row, a
-    #: head whose keys are all NaN); every other NaN it passes on. tests/test_nan_propagation.py pins this.
+    #: head whose keys are all NaN); every other NaN it reads it passes on. (Under is_causal with fewer queries than
+    #: keys it never reads the keys past the last query: the router does not rely on this flag there.)
+    #: tests/test_nan_propagation.py pins both.
     zeros_hide_nan = True
     OPTIONS = {
         "backends": Option(
