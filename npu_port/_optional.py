@@ -32,36 +32,42 @@ EXTRAS: Dict[str, List[str]] = {
 }
 
 
+def _checkout() -> Optional[Path]:
+    """The source tree this package is imported from (a folder with ``setup.cfg`` beside ``npu_port/``), or None
+    (an installed wheel: ``site-packages`` has no ``setup.cfg``)."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "setup.cfg").is_file() and (root / "npu_port").is_dir() else None
+
+
 @functools.lru_cache(maxsize=None)
 def _installed_from() -> Optional[str]:
     """How npu-port itself was installed, as the pip argument that installs it again with an extra (``{extra}``).
 
     npu-port is not on the package index, so naming the extra on the bare project name would fail: the hint must
     name the checkout it came from. PEP 610's ``direct_url.json`` says where (``pip install -e DIR`` or
-    ``pip install DIR``); a source tree imported from ``sys.path`` without installing is its own checkout. None when
-    neither is known (a wheel built elsewhere): then only the packages themselves are named.
+    ``pip install DIR``). Without it — a source tree imported from ``sys.path``, or one whose ``npu_port.egg-info``
+    shadows the installed metadata because the working directory is on ``sys.path`` — the source tree this module
+    runs from is its own checkout. None when neither is known (a wheel built elsewhere): then only the packages
+    themselves are named.
     """
     from importlib import metadata
 
     try:
         text = metadata.distribution("npu-port").read_text("direct_url.json")
     except metadata.PackageNotFoundError:
-        checkout = Path(__file__).resolve().parent.parent
-        if (checkout / "setup.cfg").is_file() and (checkout / "npu_port").is_dir():
-            return f'pip install -e "{_display(str(checkout))}[{{extra}}]"'
-        return None
+        text = None
     if text:
         try:
             info = json.loads(text)
             url = urlparse(info["url"])
         except (ValueError, KeyError, TypeError):
-            return None
-        if url.scheme == "file":
+            url = None
+        if url is not None and url.scheme == "file":
             where = unquote(url.path)
             editable = bool((info.get("dir_info") or {}).get("editable"))
             return f'pip install {"-e " if editable else ""}"{_display(where)}[{{extra}}]"'
-        return None
-    return None
+    checkout = _checkout()
+    return f'pip install -e "{_display(str(checkout))}[{{extra}}]"' if checkout is not None else None
 
 
 def _display(path: str) -> str:

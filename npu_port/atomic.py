@@ -86,6 +86,27 @@ def _os_reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__  # the file name would be the probe's random one
 
 
+@contextlib.contextmanager
+def file_lock(lock: PathLike) -> Iterator[None]:
+    """Hold an exclusive advisory lock (``fcntl.flock``) on the file ``lock`` for the block — for writers that read,
+    merge and write back (the auto cache) or write several files as one set (an image and its report). The file is
+    created if missing and left in place: removing a lock file while another process waits on it would let a third
+    one in. Where ``fcntl`` is missing (Windows) nothing is locked; each file is still written atomically."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    path = Path(lock)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def write_bytes(path: PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically; returns the path."""
     with atomic_path(path) as temporary:

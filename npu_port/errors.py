@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
+#: The exit status of a command stopped with Ctrl-C (SIGINT: 128 + 2), as a shell reports it — for every command and
+#: for ``npu-port run``'s report of a script stopped that way.
+EXIT_ON_CTRL_C = 130
+
 
 class NpuPortError(Exception):
     """Base class of the errors npu-port raises deliberately."""

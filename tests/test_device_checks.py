@@ -175,3 +175,29 @@ def test_property_the_rewrite_answers_as_if_the_target_were_cuda(target, actual,
     }[operator]
     assert ns["check"](SimpleNamespace(type=actual)) is expected  # torch.device("npu") needs torch_npu
     assert checks.rewrites[0].hits == (1 if actual == target else 0)
+
+
+def test_after_deactivation_rewritten_code_answers_as_written():
+    checks, ns, _ = _load("def check(x):\n    return x.device.type == 'cuda', x.is_cuda\n")
+    assert ns["check"](torch.zeros(1)) == (True, True)
+    checks.deactivate()
+    assert ns["check"](torch.zeros(1)) == (False, False)
+    assert [r.hits for r in checks.rewrites] == [1, 1]
+
+
+def test_activate_then_deactivate_undoes_the_device_checks_of_modules_it_rewrote(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    import npu_port
+
+    (tmp_path / "npu_port_dc_probe.py").write_text("def on_cuda(x):\n    return x.device.type == 'cuda'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    activation = npu_port.activate("cpu", watch=[str(tmp_path)])
+    try:
+        module = importlib.import_module("npu_port_dc_probe")
+        assert module.on_cuda(torch.zeros(1)) is True
+    finally:
+        activation.deactivate()
+        sys.modules.pop("npu_port_dc_probe", None)
+    assert module.on_cuda(torch.zeros(1)) is False

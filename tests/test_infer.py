@@ -263,6 +263,7 @@ def test_compare_with_a_nan_reference_diverges_everywhere(model_cache, tmp_path,
 
 
 def test_a_single_run_with_a_non_finite_image_fails_closed(model_cache, tmp_path, capsys, nan_strategy):
+    (tmp_path / "out.png").write_bytes(b"an earlier run's picture")  # must not pass for this run's
     assert infer(tmp_path, "--strategy", nan_strategy) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == (

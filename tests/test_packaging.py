@@ -105,10 +105,12 @@ class _Distribution:
         return None if self.direct_url is None else json.dumps(self.direct_url)
 
 
-def _hint_with(monkeypatch, direct_url, *, installed=True):
+def _hint_with(monkeypatch, direct_url, *, installed=True, checkout=None):
     from importlib import metadata
 
     from npu_port import _optional
+
+    monkeypatch.setattr(_optional, "_checkout", lambda: checkout)  # as if imported from a wheel, unless given
 
     def distribution(name):
         assert name == "npu-port"
@@ -152,14 +154,23 @@ def test_hint_for_a_wheel_of_unknown_origin_names_the_packages_only(monkeypatch)
 
 def test_hint_for_a_source_tree_on_sys_path_names_that_tree(monkeypatch):
     monkeypatch.chdir(ROOT)
-    assert _hint_with(monkeypatch, None, installed=False) == 'pip install -e ".[demo]" (or: pip install "gradio>=5")'
+    expected = 'pip install -e ".[demo]" (or: pip install "gradio>=5")'
+    assert _hint_with(monkeypatch, None, installed=False, checkout=ROOT) == expected
+    # the checkout's npu_port.egg-info, first on sys.path when the working directory is, has no direct_url.json
+    assert _hint_with(monkeypatch, None, installed=True, checkout=ROOT) == expected
+
+
+def test_this_checkout_is_found_as_a_checkout():
+    from npu_port import _optional
+
+    assert _optional._checkout() == ROOT  # the tests run from the source tree (an editable install or sys.path)
 
 
 def test_no_hint_anywhere_names_a_package_index_release():
     """``npu-port[...]`` is not installable from an index: no message may suggest it."""
     offenders = [
         f"{path.relative_to(ROOT)}:{number}"
-        for path in [*(ROOT / "npu_port").rglob("*.py"), *(ROOT / "scripts").rglob("*.py")]
+        for path in [*(ROOT / "npu_port").rglob("*.py"), *(ROOT / "scripts").rglob("*.py"), *ROOT.glob("README*.md")]
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if "npu-port[" in line
     ]

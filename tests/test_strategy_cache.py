@@ -216,3 +216,37 @@ def test_the_public_handle_explains_the_cache_miss(caplog):
     assert f"\n  {line}\n" in explanation and "[measured in " in explanation
     assert [r.getMessage() for r in caplog.records] == [line]
     assert isinstance(json.loads(path.read_text())["decisions"][bucket], dict)
+
+
+def test_processes_writing_at_once_keep_each_others_decisions():
+    """The read-merge-write runs under a lock: eight writers (threads here; torchrun's ranks in practice) putting
+    different buckets into one file all survive."""
+    import threading
+
+    from npu_port.strategy.cache import DecisionCache
+    from npu_port.strategy.decision import Decision
+
+    router = auto_router()
+    q, k, v = qkv()
+    router(q, k, v)
+    template = next(iter(router.caches.values()))
+    packages = kernel_packages(router.kernels)
+    caches = [DecisionCache(torch.device("cpu"), template.fingerprint, packages=packages) for _ in range(8)]
+    assert len({c.path for c in caches}) == 1 and caches[0].path == template.path
+    errors = []
+
+    def put(index):
+        try:
+            for round_ in range(5):
+                caches[index].put(Decision(bucket=f"bucket-{index}-{round_}", kernel="sdpa", select="measure"))
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    stored = json.loads(template.path.read_text())["decisions"]
+    assert {f"bucket-{i}-{r}" for i in range(8) for r in range(5)} <= set(stored)

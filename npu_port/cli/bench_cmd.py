@@ -17,6 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..errors import EXIT_ON_CTRL_C as EXIT_INTERRUPTED  # 128 + SIGINT, as a shell reports Ctrl-C
+
 
 def _at_least(minimum: int):
     def parse(text: str) -> int:
@@ -75,10 +77,6 @@ def _progress(total: int):
     except ImportError:
         return None
     return tqdm(total=total, unit="step", file=sys.stderr, disable=None, leave=False, dynamic_ncols=True)
-
-
-#: Exit code of a run stopped with Ctrl-C (128 + SIGINT, as shells report it).
-EXIT_INTERRUPTED = 130
 
 
 def run(args: argparse.Namespace) -> int:

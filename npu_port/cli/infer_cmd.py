@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..errors import EXIT_ON_CTRL_C as EXIT_INTERRUPTED  # 128 + SIGINT, as a shell reports Ctrl-C
+
 #: Same as npu_port.infer.models.DTYPES (kept here so that --help never imports torch).
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-#: Exit code after Ctrl-C (128 + SIGINT, as a shell reports it).
-EXIT_INTERRUPTED = 130
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -154,20 +154,25 @@ def _preflight(args: argparse.Namespace) -> _Plan:
     return _Plan(strategy, compare, device, dtype, encoder_device, request, outputs, cache)
 
 
-def _image_files(results: Dict[Optional[str], Any], plan: _Plan) -> Tuple[Dict[Path, bytes], Dict[Any, Dict]]:
-    """The encoded images to write (finite ones only) and, per result, what the report says about its file."""
+def _image_files(
+    results: Dict[Optional[str], Any], plan: _Plan
+) -> Tuple[Dict[Path, bytes], Dict[Any, Dict], List[Path]]:
+    """The encoded images to write (finite ones only), per result what the report says about its file, and the
+    image paths to clear (a non-finite result's: an earlier run's picture there would sit beside this report)."""
     from ..infer.saving import encode_image, sha256
 
     files: Dict[Path, bytes] = {}
     entries: Dict[Any, Dict[str, Any]] = {}
+    stale: List[Path] = []
     for name, result in results.items():
         path = plan.outputs.images[name]
         if not result.finite:  # fail closed: a NaN image would be saved as a black picture that looks like a result
             entries[name] = {"image": None, "image_sha256": None}
+            stale.append(path)
             continue
         files[path] = encode_image(result.image, path)
         entries[name] = {"image": str(path), "image_sha256": sha256(files[path])}
-    return files, entries
+    return files, entries, stale
 
 
 def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
@@ -213,19 +218,19 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
     report_path = plan.outputs.report
     if plan.compare:
         comparison = compare_strategies(loaded, request, plan.compare, args.tolerance)
-        files, entries = _image_files(comparison.results, plan)
+        files, entries, stale = _image_files(comparison.results, plan)
         details = comparison.as_dict()
         for name, entry in entries.items():
             details["strategies"][name].update(entry)
         report.update(comparison=details, images=[str(path) for path in files])
-        write_set(files, report_path, report, plan.outputs.lock, written)
+        write_set(files, report_path, report, plan.outputs.lock, written, stale)
         print(comparison.format())
         print(f"images: {', '.join(str(path) for path in files) or 'none'}; report: {report_path}")
         return 1 if comparison.diverged else 0
     result = generate(loaded, request)
-    files, entries = _image_files({None: result}, plan)
+    files, entries, stale = _image_files({None: result}, plan)
     report.update(result.as_dict(), **entries[None])
-    write_set(files, report_path, report, plan.outputs.lock, written)
+    write_set(files, report_path, report, plan.outputs.lock, written, stale)
     device_text = f"{plan.device} ({device_name(plan.device)}), {report['dtype']}"
     print(f"{device_text}, strategy {plan.strategy} -> {result.strategy_resolved}")
     print(_step_line(result))

@@ -136,7 +136,7 @@ def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -
         watch=roots,
         force_dropins=args.force_dropins,
         cuda_available=args.cuda_available,
-        overrides=args.override,
+        overrides=overrides,
         device_checks=not args.keep_device_checks,
     )
     outcome = None

@@ -16,16 +16,11 @@ import io
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Sequence
 
 import numpy as np
 
-from ..atomic import write_bytes, write_json
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no advisory lock; each file is still atomic
-    fcntl = None  # type: ignore[assignment]
+from ..atomic import file_lock, write_bytes, write_json
 
 
 def encode_image(image: np.ndarray, path: Path) -> bytes:
@@ -41,22 +36,6 @@ def encode_image(image: np.ndarray, path: Path) -> bytes:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-@contextlib.contextmanager
-def output_lock(lock: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``lock`` (created if missing, and left in place: removing a lock file
-    while another process waits on it would let a third one in)."""
-    if fcntl is None:  # pragma: no cover
-        yield
-        return
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
@@ -77,11 +56,19 @@ def interrupts_held() -> Iterator[None]:
 
 
 def write_set(
-    images: Dict[Path, bytes], report_path: Path, report: Dict[str, Any], lock: Path, written: List[Path]
+    images: Dict[Path, bytes],
+    report_path: Path,
+    report: Dict[str, Any],
+    lock: Path,
+    written: List[Path],
+    stale: Sequence[Path] = (),
 ) -> None:
-    """Write ``images`` (path -> encoded bytes) and then the report, together, under ``lock``; ``written`` gets each
-    path as it is written (a Ctrl-C held back meanwhile is raised after the last one)."""
-    with output_lock(lock), interrupts_held():
+    """Write ``images`` (path -> encoded bytes) and then the report, together, under ``lock``, after removing
+    ``stale`` (image paths this run has no picture for: an earlier run's file there would pass for this run's);
+    ``written`` gets each path as it is written (a Ctrl-C held back meanwhile is raised after the last one)."""
+    with file_lock(lock), interrupts_held():
+        for path in stale:
+            path.unlink(missing_ok=True)
         for path, data in images.items():
             write_bytes(path, data)
             written.append(path)

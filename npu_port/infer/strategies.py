@@ -43,13 +43,13 @@ def check_strategy(name: str) -> Any:
                 f"strategy {name!r} needs a processor class: give 'package.module:ProcessorClass' instead"
             )
         return strategy
-    availability = StrategyRouter(strategy).availability()
-    if all(availability.values()):
-        kernel, reasons = next(iter(availability.items()))
+    try:
+        StrategyRouter(strategy).check_available()
+    except StrategyError as exc:  # its first reason, on the one line a CLI error gets
+        first = str(exc).splitlines()[1].strip()
         raise InferenceError(
-            f"strategy {name!r} cannot run on this machine ({kernel}: {reasons[0]}); `npu-port strategies` lists "
-            "those that can"
-        )
+            f"strategy {name!r} cannot run on this machine ({first}); `npu-port strategies` lists those that can"
+        ) from None
     return strategy
 
 

@@ -19,7 +19,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 logger = logging.getLogger("npu_port.run")
 
@@ -155,7 +155,7 @@ def activate(
     watch: Sequence[str] = (),
     force_dropins: bool = False,
     cuda_available: bool = False,
-    overrides: Sequence[str] = (),
+    overrides: Union[Sequence[str], Any] = (),
     device_checks: bool = True,
 ) -> Activation:
     """Install everything that lets a CUDA-written project run on ``device`` (default: the detected one).
@@ -179,7 +179,8 @@ def activate(
 
     if strategy and profile:
         raise NpuPortError("give a strategy or a profile, not both (a profile names its own strategy)")
-    requested = Overrides.parse(overrides)  # malformed specs fail before anything is installed
+    # malformed specs fail before anything is installed (npu-port run parses and checks them itself, earlier)
+    requested = overrides if isinstance(overrides, Overrides) else Overrides.parse(overrides)
     undo: List[Callable[[], None]] = []
     try:
         options = npu_port.apply_npu_options(profile) if profile else None
@@ -215,6 +216,8 @@ def activate(
         roots = [os.path.abspath(path) for path in watch]
         activation.watched_roots = roots
         activation.device_checks = DeviceChecks(redirect.target.type) if device_checks and roots else None
+        if activation.device_checks is not None:
+            undo.append(activation.device_checks.deactivate)
         activation.overrides = requested
         undo.append(requested.restore)
 

@@ -106,6 +106,9 @@ class DeviceChecks:
     def __init__(self, target_type: str) -> None:
         self.target_type = target_type
         self.rewrites: List[Rewrite] = []
+        #: False once npu-port run ends (``deactivate``): rewritten code already compiled keeps calling in, and from
+        #: then on gets the plain values — as written, as if it had never been rewritten.
+        self.active = True
         self._lock = threading.Lock()
 
     # ---- import time -------------------------------------------------------------------------------------------
@@ -136,7 +139,7 @@ class DeviceChecks:
 
     def type(self, value: Any, site: int) -> Any:
         """``device.type`` as CUDA-written code expects it: the target's type reads as ``"cuda"``."""
-        if value == self.target_type:
+        if self.active and value == self.target_type:
             self.rewrites[site].hits += 1
             return CUDA
         return value
@@ -144,10 +147,18 @@ class DeviceChecks:
     def is_cuda(self, value: Any, site: int) -> Any:
         """``tensor.is_cuda``, True for a tensor on the target (``value`` is the object whose attribute is read)."""
         answer = value.is_cuda
-        if answer is False and getattr(getattr(value, "device", None), "type", None) == self.target_type:
+        if (
+            self.active
+            and answer is False
+            and getattr(getattr(value, "device", None), "type", None) == self.target_type
+        ):
             self.rewrites[site].hits += 1
             return True
         return answer
+
+    def deactivate(self) -> None:
+        """Answer as written from now on (the compiled rewrites cannot be taken out of modules already imported)."""
+        self.active = False
 
     def summary(self) -> List[Dict[str, Any]]:
         return [rewrite.as_dict() for rewrite in self.rewrites]

@@ -24,10 +24,9 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence
 
+from ..errors import EXIT_ON_CTRL_C
 from .locate import EntryPoint
 from .watch_imports import Transform
-
-EXIT_INTERRUPTED = 130  # what a shell reports for a program ended by SIGINT
 
 #: Frames of npu-port and runpy, left out of the traceback of the project's own error.
 _OURS = (
@@ -123,7 +122,7 @@ def run_entry(
         return Outcome(code, "exited", message, None, exc)
     except KeyboardInterrupt as exc:
         line = _print_traceback(exc)
-        return Outcome(EXIT_INTERRUPTED, "interrupted", "KeyboardInterrupt", line, exc)
+        return Outcome(EXIT_ON_CTRL_C, "interrupted", "KeyboardInterrupt", line, exc)
     except BaseException as exc:  # noqa: BLE001 - the project's own error: shown as Python would, then reported
         line = _print_traceback(exc)
         return Outcome(1, "exception", _one_line(exc), line, exc)

@@ -1,11 +1,13 @@
 """The on-disk cache of auto's decisions, so that the second run of a model pays nothing for probing.
 
-One JSON file per (device model, versions of everything a decision depends on, strategy fingerprint): a new driver
-stack, another GPU model, or a kernel's package installed, upgraded, removed or broken measures afresh instead of
+One JSON file per (device model, versions of everything a decision depends on, strategy fingerprint): a new torch or
+torch_npu, another GPU model, or a kernel's package installed, upgraded, removed or broken measures afresh instead of
 trusting stale numbers. The packages in the key are not a hand-kept list: they are the ``package`` each candidate
 kernel declares (what it probes through :func:`npu_port._optional.probe`), plus torch and diffusers, each recorded as
-its version, ``"absent"`` or ``"broken"``. Writes are atomic (:mod:`npu_port.atomic`: a unique temporary file +
-``os.replace``) and merge with what another process may have written meanwhile.
+its version, ``"absent"`` or ``"broken"``. (The CANN and driver versions are not in the key: after upgrading CANN
+alone, clear ``auto/`` or run with ``cache: false`` once.) Writes are atomic (:mod:`npu_port.atomic`: a unique
+temporary file + ``os.replace``), and the read-merge-write runs under a lock file beside the cache, so processes that
+write at once (torchrun's ranks) keep each other's decisions.
 
 It is a cache, so nothing in it is trusted: a corrupt file or a malformed entry (a string where a decision should be,
 a missing field) is a cache miss, said in ``explain()`` and as a logged warning naming the file and the entry, then
@@ -30,7 +32,7 @@ import torch
 
 from .._optional import probe
 from .._version import __version__
-from ..atomic import write_json
+from ..atomic import file_lock, write_json
 from ..attn.kernels.base import Kernel
 from ..device import device_name
 from .decision import Decision
@@ -153,15 +155,16 @@ class DecisionCache:
     def put(self, decision: Decision) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            decisions, _ = self._read()
-            decisions[decision.bucket] = decision.to_dict()
-            payload = {
-                "format": FORMAT,
-                "environment": self.environment,
-                "strategy": self.fingerprint,
-                "decisions": decisions,
-            }
-            write_json(self.path, payload, indent=1, sort_keys=True)
+            with file_lock(self.path.with_suffix(".lock")):  # torchrun's ranks merge, not overwrite, each other
+                decisions, _ = self._read()
+                decisions[decision.bucket] = decision.to_dict()
+                payload = {
+                    "format": FORMAT,
+                    "environment": self.environment,
+                    "strategy": self.fingerprint,
+                    "decisions": decisions,
+                }
+                write_json(self.path, payload, indent=1, sort_keys=True)
             self.writes += 1
         except OSError as exc:  # a read-only home or a full disk costs a re-measurement, not a failed model run
             self.error = f"cannot write {self.path}: {exc.strerror or exc}"
