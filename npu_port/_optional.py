@@ -175,6 +175,20 @@ def probe(name: str) -> PackageStatus:
     return status
 
 
+def installed_version(*distributions: str) -> Optional[str]:
+    """The version of the first of ``distributions`` that is installed, from its metadata, without importing it
+    (``torch-npu`` and ``torch_npu`` alike), or None when none is: the one place npu-port reads versions."""
+    from importlib import metadata
+
+    for distribution in distributions:
+        for name in dict.fromkeys((distribution, distribution.replace("_", "-"), distribution.replace("-", "_"))):
+            try:
+                return metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+    return None
+
+
 def _stand_in_status(name: str) -> PackageStatus:
     return PackageStatus(
         name,

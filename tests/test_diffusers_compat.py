@@ -136,7 +136,7 @@ def _broken_load(monkeypatch, version, error):
 
     monkeypatch.setattr(classes, "_loaded", None)
     monkeypatch.setattr(classes, "_detect", detect)
-    monkeypatch.setattr(classes, "installed_version", lambda: version)
+    monkeypatch.setattr(classes, "installed_version", lambda *names: version)
     with pytest.raises(ImportError) as info:
         classes.load()
     return str(info.value)

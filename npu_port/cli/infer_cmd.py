@@ -66,16 +66,12 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
 
 
 def _versions() -> Dict[str, Optional[str]]:
-    from importlib.metadata import PackageNotFoundError, version
-
+    from .._optional import installed_version
     from .._version import __version__
 
     found: Dict[str, Optional[str]] = {"npu_port": __version__, "python": platform.python_version()}
     for name in ("torch", "torch-npu", "diffusers", "transformers"):
-        try:
-            found[name.replace("-", "_")] = version(name)
-        except PackageNotFoundError:
-            found[name.replace("-", "_")] = None
+        found[name.replace("-", "_")] = installed_version(name)
     return found
 
 

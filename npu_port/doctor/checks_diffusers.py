@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import List
 
+from .._optional import installed_version
 from .diffusers_bugs import KNOWN_BUGS
 from .facts import Facts
 from .finding import Finding
-from .probes import installed_version
 
 
 def check_diffusers(facts: Facts) -> List[Finding]:

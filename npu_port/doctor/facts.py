@@ -15,9 +15,10 @@ from functools import cached_property
 from types import ModuleType
 from typing import Callable, Dict, List, Mapping, Optional
 
+from .._optional import installed_version
 from .cann import CannInstall, locate_cann
 from .finding import Finding, check_id
-from .probes import ImportOutcome, import_in_subprocess, installed_version
+from .probes import ImportOutcome, import_in_subprocess
 
 AUTOLOAD_VARIABLE = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 #: What torch prints when an auto-loaded device backend (here torch_npu) fails during ``import torch``.

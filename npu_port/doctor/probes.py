@@ -7,7 +7,6 @@ versions are read from the installed metadata, which never runs the package's co
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import re
 import subprocess
@@ -86,16 +85,6 @@ def import_in_subprocess(
         output = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else exc.output or ""
         return ImportOutcome(module, None, output, timeout_s)
     return ImportOutcome(module, completed.returncode, completed.stdout, timeout_s)
-
-
-def installed_version(*distributions: str) -> Optional[str]:
-    """The installed version of the first of ``distributions`` that is installed (metadata only, no import)."""
-    for name in distributions:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def major_minor(version: Optional[str]) -> Optional[str]:

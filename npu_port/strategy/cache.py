@@ -24,13 +24,12 @@ import hashlib
 import json
 import logging
 import os
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from .._optional import probe
+from .._optional import installed_version, probe
 from .._version import __version__
 from ..atomic import file_lock, write_json
 from ..attn.kernels.base import Kernel
@@ -58,15 +57,6 @@ def kernel_packages(kernels: Iterable[Kernel]) -> List[str]:
     return sorted({kernel.package for kernel in kernels if kernel.package})
 
 
-def _distribution_version(name: str) -> Optional[str]:
-    for distribution in (name, name.replace("_", "-")):
-        try:
-            return metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def package_state(name: str) -> str:
     """A kernel package as the cache key sees it: its version, ``"absent"`` or ``"broken"`` (installed but not
     importable), as :func:`npu_port._optional.probe` finds it — a stand-in module in ``sys.modules`` included."""
@@ -74,13 +64,13 @@ def package_state(name: str) -> str:
     if not status.ok:
         return "broken" if status.reason is not None and status.reason.code == "package-broken" else "absent"
     version = getattr(status.module, "__version__", None)
-    return str(version) if version else (_distribution_version(name) or "unknown version")
+    return str(version) if version else (installed_version(name) or "unknown version")
 
 
 def environment(device: torch.device, packages: Iterable[str] = ()) -> Dict[str, Any]:
     """What a measurement depends on besides the shapes and the strategy (the cache key)."""
     found: Dict[str, Any] = {"device": device_name(device), "npu_port": __version__, "torch": torch.__version__}
-    found["diffusers"] = _distribution_version("diffusers") or "absent"  # not imported just to be named
+    found["diffusers"] = installed_version("diffusers") or "absent"  # not imported just to be named
     for name in sorted(set(packages) - set(BASE_PACKAGES)):
         found[name] = package_state(name)
     return found

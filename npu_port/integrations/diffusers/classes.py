@@ -30,7 +30,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
-from ..._optional import extra_hint
+from ..._optional import extra_hint, installed_version
 
 #: Where each processor layout keeps its attention class and processors, newest first.
 PROCESSOR_MODULES = (
@@ -131,14 +131,6 @@ def _existing_module(name: str) -> Any:
     return None if spec is None else importlib.import_module(name)
 
 
-def installed_version() -> Optional[str]:
-    """diffusers' version from its metadata (no import), or None when it is not installed."""
-    try:
-        return importlib.metadata.version("diffusers")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def import_error(exc: BaseException) -> ImportError:
     """The error for a diffusers that cannot be imported, saying what to do.
 
@@ -147,7 +139,7 @@ def import_error(exc: BaseException) -> ImportError:
     version that is there, so the message says which it is and that its import is what needs fixing.
     """
     detail = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
-    version = installed_version()
+    version = installed_version("diffusers")
     if version is None:
         missing = f"npu-port's diffusers integration needs diffusers, which is not installed ({detail})"
         return ImportError(f"{missing}; {extra_hint('diffusers')}")
@@ -178,7 +170,7 @@ def _detect() -> DiffusersClasses:
         "DiffusionPipeline",  # where 0.11 and before keep it
     )
     return DiffusersClasses(
-        version=getattr(diffusers, "__version__", None) or installed_version() or "unknown",
+        version=getattr(diffusers, "__version__", None) or installed_version("diffusers") or "unknown",
         layout=layout,
         Attention=processor_attr("Attention"),
         AttentionModuleMixin=getattr(attention, "AttentionModuleMixin", None),
