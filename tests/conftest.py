@@ -154,3 +154,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept
+
+
+#: diffusers' xformers switches that npu-port's hook replaces on ModelMixin and DiffusionPipeline.
+HOOKED = (
+    "enable_xformers_memory_efficient_attention",
+    "disable_xformers_memory_efficient_attention",
+    "set_use_memory_efficient_attention_xformers",
+)
+
+
+@pytest.fixture
+def xformers_hook():
+    """npu-port's hook on diffusers' xformers switches (any diffusers version), checked to restore the very methods."""
+    from npu_port.integrations.diffusers import classes
+    from npu_port.integrations.legacy_attention import hook_enable_xformers
+
+    kinds = [classes.load().DiffusionPipeline, __import__("diffusers").ModelMixin]
+    originals = {(cls, name): vars(cls)[name] for cls in kinds for name in HOOKED}
+    hook = hook_enable_xformers()
+    try:
+        yield hook
+    finally:
+        hook.restore()
+    assert all(vars(cls)[name] is original for (cls, name), original in originals.items())

@@ -35,7 +35,6 @@ from npu_port.integrations.attention_block import is_attention_block_class
 from npu_port.integrations.diffusers import RoutedAttnProcessor, classes
 from npu_port.integrations.legacy_attention import (
     active_patches,
-    hook_enable_xformers,
     original_function,
     patch_legacy_attention,
     xformers_route,
@@ -47,11 +46,6 @@ from .reference import reference_attention
 PROJECT = Path(__file__).parent / "fixtures" / "old_diffusers_project"
 KERNEL = {"sdpa": "sdpa", "chunked": "chunked", "vanilla": "math"}
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 3e-5, torch.float16: 5e-3}
-HOOKED = (
-    "enable_xformers_memory_efficient_attention",
-    "disable_xformers_memory_efficient_attention",
-    "set_use_memory_efficient_attention_xformers",
-)
 CROSS_ATTENTION_LAYOUT = (pytest.mark.diffusers_min("0.12"), pytest.mark.diffusers_below("0.15"))
 
 
@@ -369,19 +363,6 @@ def test_a_strategy_on_a_vae_of_attention_blocks_names_the_legacy_route():
 
 
 # ---- diffusers' xformers switch, whatever the version ---------------------------------------------------------------
-
-
-@pytest.fixture
-def xformers_hook():
-    api = classes.load()
-    kinds = [api.DiffusionPipeline, importlib.import_module("diffusers").ModelMixin]
-    originals = {(cls, name): vars(cls)[name] for cls in kinds for name in HOOKED}
-    hook = hook_enable_xformers()
-    try:
-        yield hook
-    finally:
-        hook.restore()
-    assert all(vars(cls)[name] is original for (cls, name), original in originals.items())
 
 
 def _processors(pipe):

@@ -35,6 +35,7 @@ from npu_port.integrations.legacy_attention import (
     xformers_route,
 )
 
+from .conftest import HOOKED
 from .fixtures.legacy_attention import (
     FrameAttention,
     LegacyCrossAttention,
@@ -47,7 +48,6 @@ METHODS = ("_attention", "_sliced_attention", "get_attention_scores", "set_use_m
 ORIGINAL = {name: vars(LegacyCrossAttention)[name] for name in METHODS}
 KERNEL = {"sdpa": "sdpa", "chunked": "chunked", "vanilla": "math"}
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 4e-2}
-HOOKED = ("enable_xformers_memory_efficient_attention", "disable_xformers_memory_efficient_attention", METHODS[3])
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "legacy_attention_memory.py"
 #: Tests on today's ``Attention`` and the ``tiny`` models (built with the API of the diffusers extra's floor); the
 #: rest also run under the old diffusers of the compatibility matrix (.ci/compat).
@@ -352,17 +352,6 @@ def test_patching_a_class_routes_instances_built_later():
 
 
 # ---- diffusers' xformers switches ------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def xformers_hook():
-    originals = {(cls, name): vars(cls)[name] for cls in (ModelMixin, DiffusionPipeline) for name in HOOKED}
-    hook = hook_enable_xformers()
-    try:
-        yield hook
-    finally:
-        hook.restore()
-    assert all(vars(cls)[name] is original for (cls, name), original in originals.items())
 
 
 def _processors(model):
