@@ -29,13 +29,9 @@ legacy additive mask into the 4-D float mask SDPA takes (:func:`npu_port.masks.u
 ``auto``, the Ascend ops) picks the kernel — and hand the result to the module's own ``reshape_batch_dim_to_heads``,
 in the dtype the original returned.
 
-Numerics: ``upcast_attention`` / ``upcast_softmax`` compute the whole call in float32 (the original upcasts the scores
-only; the routed result is at least as accurate), and mixed dtypes are promoted as the original's additions promote
-them. An additive value at or below ``npu_port.masks.MASKED_AT_OR_BELOW`` (``-inf``, ``finfo.min``) masks the key;
--10000-style masks are added as they are. The one intended difference: a query row whose keys are all masked gives
-zeros where the original gives NaN (``-inf``) or an average over the masked keys (``finfo.min``). A call outside the
-legacy forms (an integer or bool mask, a mask that is not ``(batch*heads | 1, q_len | 1, key_len)``, key/value
-batches that differ from the query's) goes to the original method, unchanged, with a debug log line.
+Numerics, masks and the calls left to the original: :mod:`npu_port.integrations.folded` (shared with the diffusers
+processors that compute attention through ``get_attention_scores``). A call outside the legacy forms goes to the
+original method, unchanged, with a debug log line.
 
 Importing this module imports neither diffusers nor the user's code.
 """
@@ -55,8 +51,9 @@ import torch
 from torch import Tensor, nn
 
 from ..attn import masks
-from ..attn.api import attention
+from ..weak import weak
 from .attention_block import is_attention_block_class, routed_forward
+from .folded import UNFIT, attend
 
 __all__ = [
     "LegacyPatch",
@@ -187,59 +184,7 @@ def find_legacy_attention(target: Any) -> List[Tuple[str, nn.Module]]:
 #
 # What is installed on a legacy class: the same contract, computed by npu_port.attention (see the module docstring).
 
-_UNFIT = object()  # a call the routed methods leave to the original
-
-
-def compute_dtype(module: Any, *tensors: Optional[Tensor]) -> torch.dtype:
-    """The dtype the original's arithmetic ends up in: promoted across inputs (and mask), float32 if upcasting."""
-    present = [t for t in tensors if t is not None]
-    dtype = present[0].dtype
-    for tensor in present[1:]:
-        dtype = torch.promote_types(dtype, tensor.dtype)
-    if getattr(module, "upcast_attention", False) or getattr(module, "upcast_softmax", False):
-        dtype = torch.promote_types(dtype, torch.float32)
-    return dtype
-
-
-def fold_mask(mask: Optional[Tensor], batch_heads: int, heads: int, q_len: int, key_len: int) -> Any:
-    """A legacy additive mask as a float mask for ``(batch, heads, q_len, key_len)`` scores, or ``_UNFIT``.
-
-    ``(batch*heads, q_len|1, key_len)`` -> ``(batch, heads, q_len|1, key_len)``; a leading 1 and 1-D / 2-D masks
-    broadcast as they did against the original's 3-D scores.
-    """
-    if mask is None:
-        return None
-    if not isinstance(mask, Tensor) or not mask.dtype.is_floating_point or not 1 <= mask.dim() <= 3:
-        return _UNFIT
-    if mask.shape[-1] not in (1, key_len) or (mask.dim() >= 2 and mask.shape[-2] not in (1, q_len)):
-        return _UNFIT
-    if mask.dim() < 3:
-        return mask
-    if mask.shape[0] == batch_heads:
-        return masks.unfold_heads(mask, heads)
-    if mask.shape[0] == 1:
-        return mask.unsqueeze(0)
-    return _UNFIT
-
-
-def attend(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor]) -> Any:
-    """Legacy ``(batch*heads, seq, dim)`` attention through ``npu_port.attention``: ``(batch*heads, q_len,
-    value_dim)`` in the compute dtype, or ``_UNFIT`` for a call the original must run."""
-    if not all(isinstance(t, Tensor) and t.dim() == 3 for t in (query, key, value)):
-        return _UNFIT
-    batch_heads, q_len, key_len = query.shape[0], query.shape[1], key.shape[1]
-    if key.shape[0] != batch_heads or value.shape[:2] != key.shape[:2]:
-        return _UNFIT
-    heads = getattr(module, "heads", 1)
-    if not isinstance(heads, int) or heads < 1 or batch_heads % heads:
-        heads = 1  # unusual folding: treat every (batch, head) pair as its own batch entry — same result
-    mask = fold_mask(attention_mask, batch_heads, heads, q_len, key_len)
-    if mask is _UNFIT:
-        return _UNFIT
-    dtype = compute_dtype(module, query, key, value, mask)
-    q, k, v = (t.to(dtype).reshape(batch_heads // heads, heads, t.shape[1], t.shape[2]) for t in (query, key, value))
-    out = attention(q, k, v, None if mask is None else mask.to(dtype), scale=module.scale)
-    return out.reshape(batch_heads, q_len, value.shape[-1])
+_UNFIT = UNFIT  # a call the routed methods leave to the original
 
 
 def _mark(routed: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
@@ -406,13 +351,18 @@ class LegacyPatch:
     """
 
     def __init__(self, target: Any) -> None:
-        self.target = target
+        self._target = weak(target)  # never keeps the user's model alive (npu_port.weak)
         self.classes: List[str] = []
         self.setters: List[str] = []
         self.instances = 0
         self._held: List[Tuple[type, str]] = []
-        self._flags: List[Tuple[nn.Module, Any]] = []
+        self._flags: List[Tuple[Callable[[], Optional[nn.Module]], Any]] = []
         self.restored = False
+
+    @property
+    def target(self) -> Any:
+        """What was patched (a class, a module or a pipeline), or None once the user's object is gone."""
+        return self._target()
 
     @property
     def flags_cleared(self) -> int:
@@ -448,7 +398,7 @@ class LegacyPatch:
     def _clear_flag(self, module: nn.Module) -> None:
         value = vars(module).get(_FLAG, _MISSING)
         if value is not _MISSING and value:
-            self._flags.append((module, value))
+            self._flags.append((weak(module), value))
             setattr(module, _FLAG, False)
 
     def restore(self) -> None:
@@ -456,8 +406,9 @@ class LegacyPatch:
         if self.restored:
             return
         self.restored = True
-        for module, value in reversed(self._flags):
-            if vars(module).get(_FLAG, _MISSING) is False:
+        for module_ref, value in reversed(self._flags):
+            module = module_ref()
+            if module is not None and vars(module).get(_FLAG, _MISSING) is False:
                 setattr(module, _FLAG, value)
         self._flags.clear()
         with _lock:
@@ -608,6 +559,9 @@ class XformersHook:
         self.strategy = strategy
         self.patched: List[Tuple[type, str, Any, Callable[..., Any]]] = []  # (class, name, saved, installed)
         self.routes: "weakref.WeakKeyDictionary[Any, XformersRoute]" = weakref.WeakKeyDictionary()
+        #: every route enable installed, with the object's class name, for npu-port run's summary; kept when the
+        #: object is freed (a route holds no reference to it), so a script's pipeline gone by exit is still listed.
+        self.history: List[Tuple[str, XformersRoute]] = []
         self.restored = False
 
     # ---- what the hooked methods do ---------------------------------------------------------------------------
@@ -631,6 +585,7 @@ class XformersHook:
                 route.restore()
                 raise
             self.routes[obj] = route
+            self.history.append((type(obj).__qualname__, route))
         logger.warning(
             "npu-port: %s.%s() -> %s instead of xformers%s",
             type(obj).__name__,
@@ -694,7 +649,7 @@ class XformersHook:
             return
         self.restored = True
         with _lock:
-            routes = list(self.routes.values())
+            routes = [route for _, route in self.history]  # objects freed meanwhile included: their class patches
             self.routes.clear()
             for cls, name, saved, installed in reversed(self.patched):
                 if vars(cls).get(name, _MISSING) is not installed:
@@ -745,11 +700,11 @@ def hooked_routes() -> List[Dict[str, Any]]:
         return []
     return [
         {
-            "object": type(obj).__qualname__,
+            "object": name,
             "routed": _describe(route),
             "calls": dict(route.strategy.calls) if route.strategy is not None else {},
         }
-        for obj, route in list(_HOOK.routes.items())
+        for name, route in list(_HOOK.history)
     ]
 
 

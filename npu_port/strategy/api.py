@@ -12,6 +12,7 @@ import contextlib
 from typing import Any, Dict, Iterator, List, Optional
 
 from ..errors import StrategyError
+from ..weak import weak
 from .process import STATE
 from .registry import import_attr, is_processor_class, resolve
 from .router import StrategyRouter
@@ -24,10 +25,16 @@ class StrategyHandle:
     def __init__(self, strategy: Strategy, router: Optional[StrategyRouter], target: Any = None) -> None:
         self.strategy = strategy
         self.router = router
-        self.target = target
+        self.process_wide = target is None
+        self._target = weak(target)  # a handle never keeps the model alive (npu_port.weak)
         self.applied: Any = None  # the diffusers integration's record, when target is given
         self.notes: List[str] = []
         self.restored = False
+
+    @property
+    def target(self) -> Any:
+        """The model or pipeline the strategy was applied to; None when applied process-wide, or once it was freed."""
+        return self._target()
 
     @property
     def name(self) -> str:
@@ -55,14 +62,18 @@ class StrategyHandle:
             lines += self.router.explain_lines()
         else:
             lines.append(f"strategy custom-processor ({self.name})")
-        if self.target is None:
+        if self.process_wide:
             lines.append("  applied process-wide: npu_port.attention(kernel=None) and environment variables")
             for key, value in self.strategy.env.items():
                 lines.append(f"    {key}={value}")
         elif self.applied is not None:
             counts = self.applied.counts()
             done = ", ".join(f"{n} {action}" for action, n in counts.items() if n) or "no"
-            lines.append(f"  applied to {type(self.target).__name__}: {done} attention modules")
+            target = self.target
+            label = type(target).__name__ if target is not None else "a model that was freed since"
+            lines.append(f"  applied to {label}: {done} attention modules")
+            lines.append("  attention modules now:")
+            lines += [f"  {line}" for line in self.applied.describe().splitlines()[1:]]
         lines += [f"  note: {note}" for note in self.notes]
         if self.restored:
             lines.append("  restored")
@@ -83,13 +94,14 @@ class StrategyHandle:
             data["decisions"] = [d.to_dict() for d in self.router.decisions.values()]
         if self.applied is not None:
             data["modules"] = self.applied.counts()
+            data["modules_now"] = [state._asdict() for state in self.applied.states()]
         return data
 
     def restore(self) -> None:
         """Undo everything this handle did (idempotent). Processors come back as the very same objects."""
         if self.restored:
             return
-        if self.target is None:
+        if self.process_wide:
             STATE.deactivate(self)
         elif self.applied is not None:
             self.applied.restore()
@@ -102,7 +114,8 @@ class StrategyHandle:
         self.restore()
 
     def __repr__(self) -> str:
-        where = "process" if self.target is None else type(self.target).__name__
+        target = self.target
+        where = "process" if self.process_wide else type(target).__name__ if target is not None else "(freed)"
         state = ", restored" if self.restored else ""
         return f"<StrategyHandle {self.strategy.name} -> {self.name} on {where}{state}>"
 

@@ -7,9 +7,13 @@ The strategy API calls :func:`apply_to_target`; everything else here is how it w
 * :mod:`.targets` — what a target is and which attention modules it holds;
 * :mod:`.processor` — the processor that replaces diffusers' standard ones (their steps, our attention core);
 * :mod:`.routing` — the per-module route (a context variable set by forward hooks) and call counting;
-* :mod:`.patches` — the shared, reversible patches that route the SDPA / dispatcher calls of kept processors;
-* :mod:`.watch` — noticing a processor set later on a module whose processor we replaced (hooks only then);
-* :mod:`.applied` — the record of one application and its ``restore()``;
+* :mod:`.patches` — the shared, reversible patches that route kept processors: the SDPA / dispatcher globals their
+  code calls, or their class's ``__call__`` in place;
+* :mod:`.scores` — recompiling processors that go through ``get_attention_scores`` + ``torch.bmm`` (``AttnProcessor``,
+  sliced, added-KV, custom-diffusion) with that pair routed;
+* :mod:`.watch` — noticing a processor set later on any targeted module (routed the moment it is set);
+* :mod:`.applied` — the record of one application (held weakly: a dropped model is freed), its live states and
+  ``restore()``;
 * :mod:`.apply` — putting it together, all or nothing.
 
 Importing this package does not import diffusers; the first :func:`apply_to_target` does.

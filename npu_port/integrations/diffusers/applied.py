@@ -10,6 +10,14 @@ since (IP-Adapter loading, ``set_attention_slice``, ``set_default_attn_processor
 putting the old one back would, for instance, leave an IP-Adapter's image projection feeding tuples to a processor
 that cannot read them. Such modules are listed in ``AppliedAttention.left_alone``.
 
+Nothing here keeps the model alive (:mod:`npu_port.weak`): modules, the target and the module tables are held
+weakly, so a model dropped without ``restore()`` is freed, and when the last of its attention modules goes, the
+application releases what it shares with others (the module-global and processor-class patches) by itself.
+
+What ``describe()`` reports is the state *now*, read from each module's current processor: a processor set after
+the strategy was applied (``set_default_attn_processor``, attention slicing, IP-Adapter loading) is shown as what it
+is — routed, linear attention, or kept and not routed with the reason — never as the processor we installed.
+
 Applications on one model stack, and their handles may be restored in any order. Each processor an application
 installs is a *layer* of its module, kept in one table for every application: when an application is restored while
 a newer one sits on top of its processor, nothing on the module changes, but the newer layer takes over the older
@@ -22,22 +30,25 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import Counter
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from ...weak import weak
 from .patches import PatchLease
 from .routing import Tally
 
 #: What happened to each attention module, in the order ``counts()`` reports them.
-ACTIONS = ("replaced", "routed", "kept", "custom")
+ACTIONS = ("replaced", "routed", "linear", "kept", "custom")
 
 ACTION_MEANINGS = {
     "replaced": "standard processor replaced by npu-port's (attention core routed)",
-    "routed": "specialised processor kept; its SDPA / dispatch_attention_fn call is routed",
-    "kept": "processor kept; it computes attention itself (no SDPA or dispatcher call to route)",
+    "routed": "processor kept; its attention core is routed",
+    "linear": "linear attention (not softmax attention): nothing to route",
+    "kept": "processor kept, NOT routed: it computes attention itself",
     "custom": "custom processor installed",
+    "freed": "module freed",
 }
 
 
@@ -47,6 +58,16 @@ class ModuleChange(NamedTuple):
     name: str
     original: str
     action: str
+
+
+class ModuleState(NamedTuple):
+    """One attention module now: qualified name, class name of its current processor, its state (an action of
+    :data:`ACTIONS`, or ``"freed"``) and what that means for it (how it is routed, or why it is not)."""
+
+    name: str
+    processor: str
+    state: str
+    detail: str
 
 
 def put_processor(module: nn.Module, processor: Any) -> None:
@@ -62,15 +83,19 @@ def put_processor(module: nn.Module, processor: Any) -> None:
 
 class ProcessorLayer:
     """A processor an application installed on a module, and what to put back when it goes (``original``: updated
-    when an older application under this one is restored first)."""
+    when an older application under this one is restored first). The module is held weakly."""
 
-    __slots__ = ("name", "module", "original", "installed")
+    __slots__ = ("name", "_module", "original", "installed")
 
     def __init__(self, name: str, module: nn.Module, original: Any, installed: Any) -> None:
         self.name = name
-        self.module = module
+        self._module = weakref.ref(module)
         self.original = original
         self.installed = installed
+
+    @property
+    def module(self) -> Optional[nn.Module]:
+        return self._module()
 
 
 _layers_lock = threading.RLock()
@@ -78,20 +103,29 @@ _layers_lock = threading.RLock()
 _LAYERS: "weakref.WeakKeyDictionary[nn.Module, List[ProcessorLayer]]" = weakref.WeakKeyDictionary()
 
 
-def _add_layer(layer: ProcessorLayer) -> None:
+def _add_layer(layer: ProcessorLayer, module: nn.Module) -> None:
     with _layers_lock:
-        _LAYERS.setdefault(layer.module, []).append(layer)
+        _LAYERS.setdefault(module, []).append(layer)
+
+
+def layered_modules() -> int:
+    """Modules with an active layer right now (for tests: it must not grow with models that are gone)."""
+    with _layers_lock:
+        return len(_LAYERS)
 
 
 def _take_layer(layer: ProcessorLayer) -> Optional[ProcessorLayer]:
     """Remove ``layer`` from its module's table; the newer layer stacked on it (installed over its processor), to
-    which its original is handed down, or None when it is the top one."""
+    which its original is handed down, or None when it is the top one (or the module is gone)."""
+    module = layer.module
+    if module is None:
+        return None
     with _layers_lock:
-        stack = _LAYERS.get(layer.module, [])
+        stack = _LAYERS.get(module, [])
         if layer in stack:
             stack.remove(layer)
             if not stack:
-                del _LAYERS[layer.module]
+                del _LAYERS[module]
         above = next((other for other in stack if other.original is layer.installed), None)
         if above is not None:
             above.original = layer.original
@@ -101,31 +135,58 @@ def _take_layer(layer: ProcessorLayer) -> Optional[ProcessorLayer]:
 class AppliedAttention:
     """An attention strategy applied to a diffusers target; :meth:`restore` undoes it (idempotent).
 
-    ``modules``: a :class:`ModuleChange` per attention module. ``calls``: routed attention calls by path
-    (``"processor"``, ``"sdpa"``, ``"dispatch"``); ``calls_by_module``: by qualified module name; ``declined``:
-    calls inside targeted modules left to diffusers, by reason. Also a context manager that restores on exit.
+    ``modules``: a :class:`ModuleChange` per attention module, as applied; :meth:`states`: each module now.
+    ``calls``: routed attention calls by path (``"processor"``, ``"sdpa"``, ``"dispatch"``, ``"scores"``);
+    ``calls_by_module``: by qualified module name; ``declined``: calls inside targeted modules left to diffusers, by
+    reason. ``target``: the model or pipeline, or None once it was freed. Also a context manager that restores.
     """
 
     def __init__(self, target: Any) -> None:
-        self.target = target
+        self._target = weak(target)
         self.modules: List[ModuleChange] = []
         self.tally = Tally()
         self.left_alone: List[str] = []
+        self._modules: List[Tuple[str, "weakref.ref[nn.Module]"]] = []
         self._undo_processors: List[ProcessorLayer] = []
-        self._handles: List[RemovableHandle] = []
+        self._hooks: Dict[str, List[RemovableHandle]] = {}  # module name -> its routing hooks
         self._unwatch: List[Callable[[], None]] = []
+        self._finalizers: List[weakref.finalize] = []
+        self._live = 0
         self._lease: Optional[PatchLease] = None
         self._restored = False
+
+    @property
+    def target(self) -> Any:
+        """The model or pipeline this was applied to, or None once it was freed."""
+        return self._target()
 
     # ---- recording (used while applying) ----------------------------------------------------------------------
 
     def _record(self, name: str, module: nn.Module, original: Any, action: str, installed: Any = None) -> None:
         """Note a module before changing it; ``installed``: the processor about to be set (None: unchanged)."""
         self.modules.append(ModuleChange(name, type(original).__name__, action))
+        self._modules.append((name, weakref.ref(module)))
+        self._live += 1
+        self._finalizers.append(weakref.finalize(module, self._module_freed))
         if installed is not None:
             layer = ProcessorLayer(name, module, original, installed)
             self._undo_processors.append(layer)
-            _add_layer(layer)
+            _add_layer(layer, module)
+
+    def _module_freed(self) -> None:
+        """A finalizer: one of the modules is gone. With the last one, release what is shared with others (the
+        patches), so a model dropped without ``restore()`` takes its routing with it."""
+        self._live -= 1
+        if self._live <= 0 and not self._restored and self._lease is not None:
+            self._lease.release()
+            self._undo_processors.clear()
+
+    def _set_hooks(self, name: str, handles: List[RemovableHandle]) -> None:
+        self._hooks[name] = handles
+
+    def _drop_hooks(self, name: str) -> None:
+        for handle in self._hooks.pop(name, ()):
+            handle.remove()
 
     # ---- what happened ----------------------------------------------------------------------------------------
 
@@ -151,34 +212,72 @@ class AppliedAttention:
         return self._restored
 
     def counts(self) -> Dict[str, int]:
-        """Number of attention modules per action (every action listed, zeros included)."""
+        """Number of attention modules per action when applied (every action listed, zeros included)."""
         found = Counter(change.action for change in self.modules)
         return {action: found.get(action, 0) for action in ACTIONS}
 
+    def states(self) -> List[ModuleState]:
+        """Each attention module as it is now: its current processor and whether (and how) its attention is routed.
+
+        A processor set since the strategy was applied is judged as it is; ``"freed"`` for a module that is gone.
+        After ``restore()`` nothing is routed, so the states say what was applied (``modules``).
+        """
+        from .processor import RoutedAttnProcessor
+
+        states: List[ModuleState] = []
+        for (name, ref), change in zip(self._modules, self.modules):
+            module = ref()
+            if module is None:
+                states.append(ModuleState(name, change.original, "freed", ACTION_MEANINGS["freed"]))
+                continue
+            processor = getattr(module, "processor", None)
+            kind = type(processor)
+            if change.action == "custom" or self._restored:
+                states.append(ModuleState(name, kind.__name__, change.action, ACTION_MEANINGS[change.action]))
+            elif kind is RoutedAttnProcessor:
+                stands = processor.stands_in_for.__name__  # type: ignore[union-attr]
+                states.append(ModuleState(name, stands, "replaced", f"npu-port's processor, {stands}'s steps"))
+            elif self._lease is not None:
+                state, detail = self._lease.explain(kind)
+                states.append(ModuleState(name, kind.__name__, state, detail))
+            else:
+                states.append(ModuleState(name, kind.__name__, "kept", "set after the strategy; not routed"))
+        return states
+
     def describe(self) -> str:
-        """A few lines for ``explain()``: what was done to which modules and how many calls went through."""
-        target = type(self.target).__name__
+        """A few lines for ``explain()``: what each module runs now, and how many calls went through."""
+        target = self.target
+        label = type(target).__name__ if target is not None else "(freed target)"
         state = "restored" if self._restored else "active"
-        lines = [f"{target}: {len(self.modules)} diffusers attention modules ({state})"]
-        for action, number in self.counts().items():
-            if number:
-                originals = Counter(c.original for c in self.modules if c.action == action)
-                kinds = ", ".join(f"{n} x {name}" for name, n in sorted(originals.items()))
-                lines.append(f"  {action}: {number} ({kinds}): {ACTION_MEANINGS[action]}")
+        lines = [f"{label}: {len(self.modules)} diffusers attention modules ({state})"]
+        states = self.states()
+        for action in ACTIONS + ("freed",):
+            chosen = [s for s in states if s.state == action]
+            if not chosen:
+                continue
+            kinds = ", ".join(f"{n} x {name}" for name, n in sorted(Counter(s.processor for s in chosen).items()))
+            lines.append(f"  {action}: {len(chosen)} ({kinds}): {ACTION_MEANINGS[action]}")
+            if action in ("routed", "kept", "linear"):
+                for detail, number in sorted(Counter((s.processor, s.detail) for s in chosen).items()):
+                    lines.append(f"    {detail[0]}: {detail[1]}" + (f" ({number} modules)" if number > 1 else ""))
         if self.tally.calls:
             paths = ", ".join(f"{path} {n}" for path, n in sorted(self.tally.calls.items()))
             lines.append(f"  attention calls routed: {self.total_calls} ({paths})")
         for reason, number in sorted(self.tally.declined.items()):
             lines.append(f"  left to diffusers: {number} x {reason}")
         if self.left_alone:
-            changed = len(self.left_alone)
-            lines.append(f"  processor changed since, kept on restore: {changed} modules, e.g. {self.left_alone[0]}")
+            changed_count = len(self.left_alone)
+            lines.append(
+                f"  processor changed since, kept on restore: {changed_count} modules, e.g. {self.left_alone[0]}"
+            )
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{k}={v}" for k, v in self.counts().items() if v)
         state = "restored" if self._restored else "active"
-        return f"<AppliedAttention on {type(self.target).__name__}: {counts}; {state}>"
+        target = self.target
+        label = type(target).__name__ if target is not None else "(freed target)"
+        return f"<AppliedAttention on {label}: {counts}; {state}>"
 
     # ---- undo -------------------------------------------------------------------------------------------------
 
@@ -187,22 +286,27 @@ class AppliedAttention:
 
         A module whose processor is no longer the one installed here keeps its current one (see ``left_alone``),
         unless a newer application installed that one over ours: then that application restores our original.
-        Every step is attempted even if one fails; the first failure is raised at the end.
+        Modules that were freed meanwhile are passed over. Every step is attempted even if one fails; the first
+        failure is raised at the end.
         """
         if self._restored:
             return
         self._restored = True
         first_error: Optional[BaseException] = None
+        for finalizer in self._finalizers:
+            finalizer.detach()
+        self._finalizers.clear()
         for unwatch in reversed(self._unwatch):  # first: putting processors back must not wake the watchers
             unwatch()
         self._unwatch.clear()
-        for handle in reversed(self._handles):
-            handle.remove()
-        self._handles.clear()
+        for name in list(self._hooks):
+            self._drop_hooks(name)
         for layer in reversed(self._undo_processors):
             if _take_layer(layer) is not None:  # a newer application sits on ours: it now restores our original
                 continue
             module, original = layer.module, layer.original
+            if module is None:
+                continue
             current = getattr(module, "processor", None)
             if current is not layer.installed and current is not original:
                 self.left_alone.append(layer.name)

@@ -5,25 +5,25 @@ Two mechanisms, chosen per module by the processor it has:
 * a *standard* processor (``AttnProcessor2_0``, ``AttnProcessor``, ``FusedAttnProcessor2_0``,
   ``XFormersAttnProcessor``, ``AttnProcessorNPU``) is replaced by :class:`~.processor.RoutedAttnProcessor`, which
   repeats its steps and routes the core — the processors that break off-device are exactly these;
-* any other processor (SD3's joint attention, Flux's dispatcher, IP-Adapter and custom-diffusion processors with
-  weights, user processors) is kept, and its call to SDPA or ``dispatch_attention_fn`` is routed while the module
-  runs (:mod:`.routing`, :mod:`.patches`).
+* any other processor (SD3's joint attention, Flux's dispatcher, added-KV, sliced, IP-Adapter and custom-diffusion
+  processors, user processors) is kept, and what computes its attention is routed while the module runs
+  (:mod:`.routing`): its call to SDPA or ``dispatch_attention_fn`` (:mod:`.patches`), or its ``__call__`` in place
+  when it goes through ``get_attention_scores`` (:mod:`.scores`). One that can be routed by neither is reported as
+  not routed, with the reason; linear attention (Sana) as linear.
 
-A module with a kept processor gets routing hooks; a replaced one gets none (our processor routes its own core) but
-is watched, so a processor diffusers sets on it later (``fuse_qkv_projections``, IP-Adapter loading,
-``set_attn_processor``) gets the hooks then and is still routed (:mod:`.watch`). The module-global patches are taken
-only when some processor needs them: a model whose processors are all replaced runs with no hook and no patch. With a
-``processor_factory`` (the ``custom-processor`` strategy) every module gets a fresh processor from it instead and
-nothing is routed.
+A module with a kept processor gets routing hooks; a replaced one gets none (our processor routes its own core).
+Every module is watched, so a processor set on it later (``set_default_attn_processor``, attention slicing,
+``fuse_qkv_projections``, IP-Adapter loading, ``set_attn_processor``) is routed the moment it is set, by the same
+rules (:mod:`.watch`). The shared patches are taken only when some processor needs them: a model whose processors are
+all replaced runs with no hook and no patch. With a ``processor_factory`` (the ``custom-processor`` strategy) every
+module gets a fresh processor from it instead and nothing is routed.
 
 All or nothing: if anything fails half-way, everything done so far is undone before the error propagates.
 """
 
 from __future__ import annotations
 
-import inspect
-import sys
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from torch import nn
 
@@ -86,11 +86,6 @@ def _install_custom(
         module.set_processor(processor)
 
 
-def _defining_modules(cls: type) -> List[Any]:
-    names: Set[str] = {klass.__module__ for klass in inspect.getmro(cls) if klass not in (object, nn.Module)}
-    return [sys.modules.get(name) for name in sorted(names)]
-
-
 def _install_routing(
     applied: AppliedAttention,
     found: List[Tuple[str, nn.Module]],
@@ -106,47 +101,60 @@ def _install_routing(
                 spec = (original.stands_in_for, original.fused)
             else:
                 spec = standard.get(type(original))
+        route = Route(attention_fn, name, applied.tally)
         if spec is not None:
             processor = RoutedAttnProcessor(attention_fn, spec[0], spec[1], module_name=name, tally=applied.tally)
             applied._record(name, module, original, "replaced", installed=processor)
             module.set_processor(processor)
-            applied._unwatch.append(watch(module, _route_when_not_ours(applied, api, processor.route)))
         else:
-            lease = _lease(applied, api)
-            for defining in _defining_modules(type(original)):  # a user's processor module is routed too
-                lease.cover(defining)
-            applied._record(name, module, original, "routed" if lease.routes(type(original)) else "kept")
-            applied._handles.extend(install_route_hooks(module, Route(attention_fn, name, applied.tally)))
+            state, _ = _route_processor(applied, api, name, route, module)
+            applied._record(name, module, original, state)
+        applied._unwatch.append(watch(module, _follow(applied, api, name, route)))
 
 
 def _lease(applied: AppliedAttention, api: classes.DiffusersClasses) -> PatchLease:
-    """The application's module-global patches, taken the first time a processor other than ours needs them."""
+    """The application's shared patches, taken the first time a processor other than ours needs them."""
     if applied._lease is None:
-        applied._lease = PatchLease(api.dispatch_attention_fn)
+        applied._lease = PatchLease(api.dispatch_attention_fn, stand_ins=_stand_ins(api))
         applied._lease.cover_loaded_diffusers()
     return applied._lease
 
 
-def _route_when_not_ours(
-    applied: AppliedAttention, api: classes.DiffusersClasses, route: Route
+def _stand_ins(api: classes.DiffusersClasses) -> Dict[type, type]:
+    """Standard processors that cannot run off their device -> the processor ours stands in for, for routing them
+    in place when one is set after the strategy (see :meth:`PatchLease.cover_processor`)."""
+    return {
+        broken: stands_in_for
+        for broken, (stands_in_for, fused) in _standard_processors(api).items()
+        if stands_in_for is not broken and not fused
+    }
+
+
+def _route_processor(
+    applied: AppliedAttention, api: classes.DiffusersClasses, name: str, route: Route, module: nn.Module
+) -> Tuple[str, str]:
+    """Route the processor ``module`` has now (ours: nothing to do, and no hooks); its state and what it means."""
+    processor = getattr(module, "processor", None)
+    if type(processor) is RoutedAttnProcessor:
+        applied._drop_hooks(name)
+        return "replaced", ""
+    lease = _lease(applied, api)
+    if processor is not None:
+        lease.cover_processor(type(processor))
+    if name not in applied._hooks:
+        applied._set_hooks(name, list(install_route_hooks(module, route)))
+    return lease.explain(type(processor))
+
+
+def _follow(
+    applied: AppliedAttention, api: classes.DiffusersClasses, name: str, route: Route
 ) -> Callable[[nn.Module], None]:
-    """The watcher of a module whose processor we replaced: a processor set on it later that is not ours gets the
-    routing hooks (and the patches) then; when ours comes back, the hooks go again (see :mod:`.watch`)."""
-    handles: List[Any] = []
+    """The watcher of one module: a processor set on it later is routed then (hooks and patches when it is not
+    ours; when ours comes back, the hooks go again). Holds no reference to the module (see :mod:`.watch`)."""
 
     def on_new_processor(module: nn.Module) -> None:
-        processor = getattr(module, "processor", None)
-        if type(processor) is RoutedAttnProcessor:
-            for handle in handles:
-                handle.remove()
-                applied._handles.remove(handle)
-            handles.clear()
-        elif not handles:
-            lease = _lease(applied, api)
-            for defining in _defining_modules(type(processor)):
-                lease.cover(defining)
-            handles.extend(install_route_hooks(module, route))
-            applied._handles.extend(handles)
+        if not applied.restored:
+            _route_processor(applied, api, name, route, module)
 
     return on_new_processor
 

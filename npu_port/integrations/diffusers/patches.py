@@ -11,6 +11,12 @@ Patches are shared: each (module, global) is patched once however many applicati
 when the last :class:`PatchLease` holding it is released — and only if the global is still our stand-in (if
 someone replaced it since, theirs stays). ``diffusers.models.attention_dispatch`` (the backends themselves) and
 npu-port's own modules are never patched: the kernels call the real SDPA.
+
+Processors that reach no such global get their class's ``__call__`` routed in place, by the same counted, reversible
+patches (:class:`PatchLease.cover_processor`): the ones that compute attention through ``get_attention_scores`` and
+``torch.bmm`` are recompiled with that pair routed (:mod:`.scores`), and the standard processors that cannot run off
+their device (xformers, NPU) run our processor's steps with the module's route. Outside a targeted module both are
+the original code. Instances keep their identity and type: ``type(proc) is AttnProcessor`` stays true.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import torch
 import torch.nn.functional as real_functional
 
 from .routing import current_route
+from .scores import rewrite_call
 
 _SDPA = "scaled_dot_product_attention"
 _NEVER_PATCHED = ("npu_port", "torch", "diffusers.models.attention_dispatch")
@@ -206,9 +213,89 @@ def _router_for(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def active_patches() -> List[Tuple[str, str]]:
-    """``(module, global)`` pairs patched right now (for ``explain`` and tests)."""
+    """``(module, global)`` pairs patched right now, and ``(module, Class.__call__)`` for processor classes routed
+    in place (for ``explain`` and tests)."""
     with _lock:
-        return sorted(_PATCHES)
+        classes = [(cls.__module__, f"{cls.__qualname__}.{method}") for cls, method in _CLASS_PATCHES]
+        return sorted(list(_PATCHES) + classes)
+
+
+# ---- processor classes routed in place -------------------------------------------------------------------------
+
+#: What ``explain`` says of a linear-attention processor.
+LINEAR_ATTENTION = "linear attention (not softmax attention): nothing to route"
+
+
+class _ClassPatch:
+    __slots__ = ("cls", "method", "original", "replacement", "how", "users")
+
+    def __init__(self, cls: type, method: str, original: Any, replacement: Any, how: str) -> None:
+        self.cls, self.method, self.original, self.replacement = cls, method, original, replacement
+        self.how, self.users = how, 0
+
+
+#: (class, method) whose own function we replaced -> the live patch.
+_CLASS_PATCHES: Dict[Tuple[type, str], _ClassPatch] = {}
+
+
+def _call_owner(cls: type) -> Optional[Tuple[type, str]]:
+    """The class in ``cls``'s MRO that defines the method its instances run when called, and its name: ``__call__``,
+    or ``forward`` for a ``torch.nn.Module`` processor that only defines that. None: nothing of the user's."""
+    for method in ("__call__", "forward"):
+        for klass in inspect.getmro(cls):
+            if method in vars(klass):
+                if klass.__module__ == "builtins" or klass.__module__.startswith("torch."):
+                    break  # torch's own __call__ runs forward: look for that instead
+                return klass, method
+    return None
+
+
+def _standard_call(original: Callable[..., Any], stands_in_for: type) -> Callable[..., Any]:
+    """``__call__`` of a standard processor that cannot run off its device (xformers, NPU): inside a targeted module,
+    the steps of our processor standing in for ``stands_in_for``, with the module's route; elsewhere the original."""
+    from .processor import RoutedAttnProcessor
+
+    def unused(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - run() is always given the module's route
+        raise AssertionError("the stand-in's own route is never used")
+
+    stand_in = RoutedAttnProcessor(unused, stands_in_for)
+
+    @functools.wraps(original)
+    def __call__(self: Any, attn: Any, *args: Any, **kwargs: Any) -> Any:
+        route = current_route()
+        if route is None:
+            return original(self, attn, *args, **kwargs)
+        return stand_in.run(route, attn, *args, **kwargs)
+
+    __call__.__npu_port_original__ = original  # type: ignore[attr-defined]
+    return __call__
+
+
+def is_linear_attention(cls: type) -> bool:
+    """diffusers' linear-attention processors (Sana's ``*LinearAttnProcessor*``, the DC-AE's multiscale one): ReLU
+    feature maps and matmuls, no softmax — not SDPA's computation, so no kernel of ours may stand in for it."""
+    return any(
+        klass.__module__.startswith("diffusers.")
+        and ("LinearAttnProcessor" in klass.__name__ or klass.__name__.startswith("SanaMultiscaleAttnProcessor"))
+        for klass in inspect.getmro(cls)
+    )
+
+
+def _unroutable(cls: type, why: str) -> str:
+    """Why a processor class's attention cannot be routed, from what its ``__call__`` refers to."""
+    if why:
+        return why
+    found = _call_owner(cls)
+    names = names_used_by_class(found[0]) if found is not None else frozenset()
+    if "memory_efficient_attention" in names:
+        return (
+            "calls xformers directly (under npu-port run the xformers drop-in routes it with the process-wide strategy)"
+        )
+    if names & {"npu_fusion_attention", "npu_fused_infer_attention_score", "npu_prompt_flash_attention"}:
+        return "calls torch_npu's attention ops directly"
+    if "baddbmm" in names or ("softmax" in names and names & {"bmm", "matmul", "einsum"}):
+        return "computes attention inline (baddbmm / matmul + softmax), not through a call npu-port can route"
+    return "its code calls neither SDPA, dispatch_attention_fn nor get_attention_scores -> torch.bmm"
 
 
 class PatchLease:
@@ -218,10 +305,15 @@ class PatchLease:
     patched global (so ``explain`` can say "routed" only where calls really are).
     """
 
-    def __init__(self, dispatch_original: Optional[Callable[..., Any]]) -> None:
+    def __init__(
+        self, dispatch_original: Optional[Callable[..., Any]], stand_ins: Optional[Dict[type, type]] = None
+    ) -> None:
         self._dispatch_original = dispatch_original
+        self._stand_ins = dict(stand_ins or {})  # broken-off-device standard class -> the class we stand in for
         self._held: Set[Tuple[str, str]] = set()
         self._order: List[Tuple[str, str]] = []
+        self._classes: List[Tuple[type, str]] = []  # (class, method) patches this lease holds, in order
+        self._unroutable: Dict[type, str] = {}  # processor class -> why its attention is not routed
         self._released = False
 
     def _replacement_for(self, value: Any, module: types.ModuleType) -> Optional[Any]:
@@ -267,8 +359,63 @@ class PatchLease:
             if name.startswith("diffusers.") and isinstance(module, types.ModuleType):
                 self.cover(module)
 
+    def cover_processor(self, cls: type) -> None:
+        """Route what a processor of class ``cls`` computes: the globals its modules' code calls SDPA or the
+        dispatcher through, and — when those are not how it reaches attention — its ``__call__`` in place."""
+        if self._released:
+            raise RuntimeError("this patch lease was released")
+        for name in sorted({k.__module__ for k in inspect.getmro(cls) if k not in (object, torch.nn.Module)}):
+            self.cover(sys.modules.get(name))
+        with _lock:
+            found = _call_owner(cls)
+            if found is None or found in self._classes or is_linear_attention(cls):
+                return
+            owner, method = found
+            if found in _CLASS_PATCHES:
+                patch = _CLASS_PATCHES[found]
+                if vars(owner).get(method) is patch.replacement:
+                    patch.users += 1
+                    self._classes.append(found)
+                return  # replaced by someone else since ours: theirs stays, unrouted
+            original = vars(owner)[method]
+            stands_in_for = self._stand_ins.get(owner)
+            if stands_in_for is not None:  # before the globals: AttnProcessorNPU calls SDPA for float32 only
+                replacement: Any = _standard_call(original, stands_in_for)
+                how = f"runs {stands_in_for.__name__}'s steps with the attention core routed"
+            elif self._routes_globally(cls):
+                return
+            else:
+                replacement, how = rewrite_call(original)
+                if replacement is None:
+                    if how != "no get_attention_scores call":
+                        self._unroutable[cls] = how
+                    return
+            patch = _CLASS_PATCHES[found] = _ClassPatch(owner, method, original, replacement, how)
+            setattr(owner, method, replacement)
+            patch.users += 1
+            self._classes.append(found)
+
+    def explain(self, cls: type) -> Tuple[str, str]:
+        """``("routed", how)``, ``("linear", why)`` or ``("kept", why not)`` for a processor class covered here."""
+        with _lock:
+            found = _call_owner(cls)
+            if found in self._classes:
+                return "routed", _CLASS_PATCHES[found].how if found in _CLASS_PATCHES else "routed in place"
+        if is_linear_attention(cls):
+            return "linear", LINEAR_ATTENTION
+        if self.routes(cls):
+            return "routed", "its F.scaled_dot_product_attention / dispatch_attention_fn call is routed"
+        return "kept", _unroutable(cls, self._unroutable.get(cls, ""))
+
     def routes(self, cls: type) -> bool:
-        """Whether methods of ``cls`` (or its bases) call SDPA or the dispatcher through a global patched here."""
+        """Whether a processor of class ``cls`` is routed here: its ``__call__`` in place, or methods of ``cls`` (or
+        its bases) calling SDPA or the dispatcher through a global patched here."""
+        with _lock:
+            if _call_owner(cls) in self._classes:
+                return True
+        return self._routes_globally(cls)
+
+    def _routes_globally(self, cls: type) -> bool:
         with _lock:
             for klass in inspect.getmro(cls):
                 if klass in (object, torch.nn.Module):
@@ -296,5 +443,16 @@ class PatchLease:
                     del _PATCHES[key]
                     if vars(patch.module).get(patch.name) is patch.replacement:
                         setattr(patch.module, patch.name, patch.original)
+            for found in reversed(self._classes):
+                class_patch = _CLASS_PATCHES.get(found)
+                if class_patch is None:
+                    continue
+                class_patch.users -= 1
+                if class_patch.users <= 0:
+                    del _CLASS_PATCHES[found]
+                    owner, method = found
+                    if vars(owner).get(method) is class_patch.replacement:  # someone else's stays
+                        setattr(owner, method, class_patch.original)
             self._held.clear()
             self._order.clear()
+            self._classes.clear()

@@ -127,11 +127,26 @@ class RoutedAttnProcessor:
         *args: Any,
         **kwargs: Any,
     ) -> torch.Tensor:
+        return self.run(self.route, attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kwargs)
+
+    def run(
+        self,
+        route: Route,
+        attn: Any,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        temb: Optional[torch.Tensor] = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """The processor's steps with the attention core sent to ``route`` (its own, when called as a processor;
+        a module's route when it stands in for a processor class routed in place: :mod:`.patches`)."""
         if self._cross_attention_steps:
             if temb is not None:  # not an argument of 0.12-0.14 processors: refused there, as by the originals
                 kwargs["temb"] = temb
             steps = (attn, hidden_states, encoder_hidden_states, attention_mask, *args)
-            return cross_attention_call(self.route, self.stands_in_for, *steps, **kwargs)
+            return cross_attention_call(route, self.stands_in_for, *steps, **kwargs)
 
         # 1. the deprecated `scale` argument is accepted and ignored, with diffusers' warning
         if len(args) > 0 or kwargs.get("scale", None) is not None:
@@ -183,7 +198,7 @@ class RoutedAttnProcessor:
             key = norm_k(key)
 
         # 14. the attention core: the only step that differs (routed; attn.scale honoured)
-        hidden_states = self.route.attend(
+        hidden_states = route.attend(
             "processor", query, key, value, attention_mask, dropout_p=0.0, is_causal=False, scale=attn.scale
         )
 

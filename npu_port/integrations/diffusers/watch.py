@@ -1,15 +1,19 @@
 """Noticing a processor set on an attention module after a strategy was applied, at no per-call cost.
 
 A module whose processor we replaced needs no routing hooks: our processor hands its own attention core to the
-strategy. Hooks (and the module-global patches of :mod:`.patches`) are needed there only once something else runs
-in it: diffusers' ``fuse_qkv_projections`` or ``set_default_attn_processor``, IP-Adapter loading, a user's
-``set_attn_processor``. All of those go through the module's ``set_processor``, so that method is wrapped on the
-class that defines it — once per class, counted, and put back when the last watcher leaves, like the module-global
-patches — and a watched module that gets a new processor calls its watchers, which install the hooks then.
+strategy. Hooks (and the patches of :mod:`.patches`) are needed there only once something else runs in it:
+diffusers' ``fuse_qkv_projections``, ``set_default_attn_processor`` or attention slicing, IP-Adapter loading, a
+user's ``set_attn_processor``. All of those go through the module's ``set_processor``, so that method is wrapped on
+the class that defines it — once per class, counted, and put back when the last watched module of that class goes —
+and a watched module that gets a new processor calls its watchers, which route the new processor then.
 
 Why not simply hook every module up front: with a forward hook, torch runs a module through its slow hook path,
 about 10 µs per attention call on a CPU, as much as a small model's whole attention core. A model that keeps our
 processors never pays it.
+
+Nothing here keeps a model alive. The table is keyed by ``id(module)`` and holds a weak reference whose callback
+drops the entry — and the class's count — when the module is freed, so a model dropped without ``restore()`` goes,
+and the table does not grow with models that are gone. Watchers are called with the module; they must not hold it.
 
 A copy of a model (``copy.deepcopy``) keeps our processors, which keep routing, but is not watched: a processor set
 on the copy later is not routed.
@@ -27,9 +31,23 @@ from torch import nn
 Watcher = Callable[[nn.Module], None]
 
 _lock = threading.RLock()
-#: module -> its watchers, in the order they were added (weak: a dropped model takes its entry with it).
-_WATCHERS: "weakref.WeakKeyDictionary[nn.Module, List[Watcher]]" = weakref.WeakKeyDictionary()
-#: class whose own ``set_processor`` we wrapped -> [the original function, how many watches rely on it].
+
+
+class _Watched:
+    """One watched module: a weak reference to it, the class whose ``set_processor`` is wrapped for it, and its
+    watchers in the order they were added."""
+
+    __slots__ = ("ref", "klass", "watchers")
+
+    def __init__(self, ref: "weakref.ref[nn.Module]", klass: type) -> None:
+        self.ref = ref
+        self.klass = klass
+        self.watchers: List[Watcher] = []
+
+
+#: id(module) -> its entry; the weak reference's callback removes the entry when the module is freed.
+_WATCHED: Dict[int, _Watched] = {}
+#: class whose own ``set_processor`` we wrapped -> [the original function, how many watched modules rely on it].
 _WRAPPED: Dict[type, List[Any]] = {}
 
 
@@ -44,42 +62,77 @@ def _watching(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def set_processor(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
-        for watcher in list(_WATCHERS.get(self, ())):
-            watcher(self)
+        entry = _WATCHED.get(id(self))
+        if entry is not None and entry.ref() is self:
+            for watcher in list(entry.watchers):
+                watcher(self)
         return result
 
     set_processor.__npu_port_original__ = original  # type: ignore[attr-defined]
     return set_processor
 
 
+def _release_class(klass: type) -> None:
+    """One watched module of ``klass`` fewer; the last one puts ``set_processor`` back (if still ours)."""
+    entry = _WRAPPED.get(klass)
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] <= 0:
+        del _WRAPPED[klass]
+        current = vars(klass).get("set_processor")
+        if getattr(current, "__npu_port_original__", None) is entry[0]:  # someone else's wrapper stays
+            klass.set_processor = entry[0]
+
+
+def _forget(key: int) -> Callable[["weakref.ref[nn.Module]"], None]:
+    def freed(ref: "weakref.ref[nn.Module]") -> None:  # the module is gone: its entry and its count go with it
+        with _lock:
+            entry = _WATCHED.get(key)
+            if entry is not None and entry.ref is ref:
+                del _WATCHED[key]
+                _release_class(entry.klass)
+
+    return freed
+
+
 def watch(module: nn.Module, watcher: Watcher) -> Callable[[], None]:
-    """Call ``watcher(module)`` after every ``module.set_processor(...)``; returns the function that stops it."""
+    """Call ``watcher(module)`` after every ``module.set_processor(...)``; returns the function that stops it.
+
+    Neither the table nor the returned function keeps ``module`` alive.
+    """
     klass = _defining_class(module)
+    key = id(module)
     with _lock:
-        entry = _WRAPPED.get(klass)
-        if entry is None:
-            original = vars(klass)["set_processor"]
-            entry = _WRAPPED[klass] = [original, 0]
-            klass.set_processor = _watching(original)
-        entry[1] += 1
-        _WATCHERS.setdefault(module, []).append(watcher)
+        entry = _WATCHED.get(key)
+        if entry is None or entry.ref() is not module:
+            wrapped = _WRAPPED.get(klass)
+            if wrapped is None:
+                original = vars(klass)["set_processor"]
+                wrapped = _WRAPPED[klass] = [original, 0]
+                klass.set_processor = _watching(original)
+            wrapped[1] += 1
+            entry = _WATCHED[key] = _Watched(weakref.ref(module, _forget(key)), klass)
+        entry.watchers.append(watcher)
+    ref = entry.ref
 
     def unwatch() -> None:
         with _lock:
-            watchers = _WATCHERS.get(module)
-            if watchers is None or watcher not in watchers:
-                return  # already stopped
-            watchers.remove(watcher)
-            if not watchers:
-                del _WATCHERS[module]
-            entry[1] -= 1
-            if entry[1] <= 0 and _WRAPPED.get(klass) is entry:
-                del _WRAPPED[klass]
-                current = vars(klass).get("set_processor")
-                if getattr(current, "__npu_port_original__", None) is entry[0]:  # someone else's wrapper stays
-                    klass.set_processor = entry[0]
+            current = _WATCHED.get(key)
+            if current is None or current.ref is not ref or watcher not in current.watchers:
+                return  # already stopped, or the module is gone
+            current.watchers.remove(watcher)
+            if not current.watchers:
+                del _WATCHED[key]
+                _release_class(current.klass)
 
     return unwatch
+
+
+def watched_modules() -> int:
+    """How many modules are watched right now (for tests: it must not grow with models that are gone)."""
+    with _lock:
+        return len(_WATCHED)
 
 
 def wrapped_classes() -> List[str]:
