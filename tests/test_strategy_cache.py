@@ -135,9 +135,33 @@ def test_a_corrupt_file_is_said_once_measured_again_and_rewritten(content, probl
     assert len(json.loads(path.read_text())["decisions"]) == 2
 
 
+@pytest.mark.parametrize(
+    "field, value, problem",
+    [
+        ("provisional", "yes", "provisional must be true or false, found str"),
+        ("why", 3, "why must be a string, found int"),
+        ("low_s", "fast", "candidate 0: low_s must be a number or null, found str"),
+        ("high_s", True, "candidate 0: high_s must be a number or null, found bool"),
+        ("low_s", 9.0, "candidate 0: low_s <= median_s <= high_s does not hold: [9.0, {median}, {high}]"),
+    ],
+)
+def test_a_bad_spread_or_provisional_field_is_malformed(field, value, problem, caplog):
+    q, k, v = qkv()
+    path, bucket, data = stored_file(auto_router(), q, k, v)
+    entry = data["decisions"][bucket]
+    target = entry if field in ("provisional", "why") else entry["candidates"][0]
+    target[field] = value
+    router = rerun(path, data, q, k, v, caplog)
+    first = entry["candidates"][0]
+    problem = problem.format(median=first["median_s"], high=first["high_s"])
+    assert_measured_again_and_said(router, path, bucket, caplog, f"malformed entry ({problem})")
+
+
 def test_a_good_entry_is_still_used_without_measuring():
     q, k, v = qkv()
-    path, bucket, _ = stored_file(auto_router(), q, k, v)
+    path, bucket, data = stored_file(auto_router(), q, k, v)
+    data["decisions"][bucket]["provisional"] = False  # a settled entry, whatever this machine's noise made of it
+    path.write_text(json.dumps(data))
     router = auto_router()
     router(q, k, v)
     cache = next(iter(router.caches.values()))

@@ -11,8 +11,11 @@ write at once (torchrun's ranks) keep each other's decisions.
 
 It is a cache, so nothing in it is trusted: a corrupt file or a malformed entry (a string where a decision should be,
 a missing field) is a cache miss, said in ``explain()`` and as a logged warning naming the file and the entry, then
-measured again and overwritten. The router adds the checks that need the call (the kernel is no candidate, or cannot
-run the call now).
+measured again and overwritten. So is a *provisional* entry: a decision that timing noise left open (see
+:func:`npu_port.strategy.measure.pick`) is written so that the process that made it keeps its record, but a later
+process measures again rather than pin a kernel that one busy moment chose; once a measurement settles it, the
+confident entry replaces it and is reused like any other. The router adds the checks that need the call (the kernel
+is no candidate, or cannot run the call now).
 
 Location: ``NPU_PORT_CACHE_DIR``, else ``$XDG_CACHE_HOME/npu-port``, else ``~/.cache/npu-port``; files live in its
 ``auto/`` folder.
@@ -134,6 +137,9 @@ class DecisionCache:
             decision = Decision.from_dict(entries[bucket], bucket)
         except ValueError as exc:
             self.ignore(bucket, f"malformed entry ({exc})")
+            return None
+        if decision.provisional:
+            self.ignore(bucket, f"provisional entry, timing noise left it open ({decision.why})")
             return None
         decision.source = "disk cache"
         return decision

@@ -58,7 +58,12 @@ def bucket_key(call: AttentionCall) -> str:
 
 @dataclass
 class CandidateResult:
-    """One candidate in one bucket: refused (with reasons), rejected (parity/NaN/error), timed, or skipped."""
+    """One candidate in one bucket: refused (with reasons), rejected (parity/NaN/error), timed, or skipped.
+
+    A timed candidate keeps the median of its timed runs and, as their spread, the first and third quartiles
+    (``low_s``, ``high_s``: the middle half of the runs) — what auto's decision rule compares, and what explain()
+    shows so that a pick made on noisy timings can be seen to be one.
+    """
 
     kernel: str
     status: str
@@ -67,12 +72,22 @@ class CandidateResult:
     runs: int = 0
     parity_error: Optional[float] = None
     tolerance: Optional[float] = None
+    low_s: Optional[float] = None
+    high_s: Optional[float] = None
 
     def describe(self) -> str:
         if self.status in (PICKED, OK) and self.median_s is None:
             return "picked: the first candidate that can run this call"
         if self.status in (PICKED, OK):
-            text = f"{self.median_s * 1e3:10.3f} ms  (median of {self.runs})"
+            if self.runs == 1:
+                text = f"{self.median_s * 1e3:10.3f} ms  (1 run)"
+            elif self.low_s is not None and self.high_s is not None:
+                text = (
+                    f"{self.median_s * 1e3:10.3f} ms  (median of {self.runs}, middle half "
+                    f"{self.low_s * 1e3:.3f}-{self.high_s * 1e3:.3f} ms)"
+                )
+            else:  # an entry cached before the spread was recorded
+                text = f"{self.median_s * 1e3:10.3f} ms  (median of {self.runs})"
             if self.parity_error is not None:
                 text += f"  parity {self.parity_error:.1e} <= {self.tolerance:.0e}"
             return text
@@ -81,7 +96,12 @@ class CandidateResult:
 
 @dataclass
 class Decision:
-    """What a bucket runs: the winning kernel and every candidate's outcome."""
+    """What a bucket runs: the winning kernel and every candidate's outcome.
+
+    ``why`` says in one line why the kernel won (for auto's measured decisions). ``provisional`` marks a decision that
+    timing noise may have made (see :func:`npu_port.strategy.measure.pick`): this process uses it, the disk cache
+    keeps it marked, and a later process measures the bucket again instead of trusting it.
+    """
 
     bucket: str
     kernel: str
@@ -89,6 +109,8 @@ class Decision:
     candidates: List[CandidateResult] = field(default_factory=list)
     probe_seconds: float = 0.0
     source: str = "measured"  # measured | disk cache | rule
+    provisional: bool = False
+    why: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -101,7 +123,7 @@ class Decision:
         _expect(isinstance(data, dict), f"expected a JSON object, found {_kind(data)}")
         unknown = sorted(set(data) - _DECISION_FIELDS)
         _expect(not unknown, f"unknown field {unknown[0]!r}" if unknown else "")
-        for name in ("bucket", "kernel", "select", "source"):
+        for name in ("bucket", "kernel", "select", "source", "why"):
             _expect(isinstance(data.get(name, ""), str), f"{name} must be a string, found {_kind(data.get(name))}")
         _expect(bool(data.get("kernel")), "no kernel named")
         _expect("bucket" in data, "no bucket named")
@@ -111,6 +133,8 @@ class Decision:
         _expect(isinstance(entries, list), f"candidates must be a list, found {_kind(entries)}")
         probe_seconds = data.get("probe_seconds", 0.0)
         _expect(_is_number(probe_seconds), f"probe_seconds must be a number, found {_kind(probe_seconds)}")
+        provisional = data.get("provisional", False)  # absent in entries written before it existed: not provisional
+        _expect(isinstance(provisional, bool), f"provisional must be true or false, found {_kind(provisional)}")
         return cls(
             bucket=data["bucket"],
             kernel=data["kernel"],
@@ -118,22 +142,29 @@ class Decision:
             candidates=[_candidate(entry, i) for i, entry in enumerate(entries)],
             probe_seconds=float(probe_seconds),
             source=data.get("source", "measured"),
+            provisional=provisional,
+            why=data.get("why", ""),
         )
 
     def explain_lines(self) -> List[str]:
         how = {"measured": f"measured in {self.probe_seconds:.2f} s", "disk cache": "from the disk cache"}
-        lines = [f"bucket {self.bucket}  [{how.get(self.source, self.source)}]"]
+        state = how.get(self.source, self.source) + ("; provisional" if self.provisional else "")
+        lines = [f"bucket {self.bucket}  [{state}]"]
         width = max([len(c.kernel) for c in self.candidates] + [6])
         for candidate in self.candidates:
             marker = "*" if candidate.status == PICKED else " "
             lines.append(f"  {marker} {candidate.kernel:<{width}}  {candidate.describe()}")
-        lines.append(f"    -> {self.kernel}")
+        if self.provisional:
+            lines.append(f"    -> {self.kernel}, provisional: {self.why}")
+            lines.append("       (used by this process only; the next process measures this bucket again)")
+        else:
+            lines.append(f"    -> {self.kernel}" + (f": {self.why}" if self.why else ""))
         return lines
 
 
 STATUSES = (PICKED, OK, REJECTED, REFUSED, SKIPPED, "not tried")
-_DECISION_FIELDS = {"bucket", "kernel", "select", "candidates", "probe_seconds", "source"}
-_CANDIDATE_FIELDS = {"kernel", "status", "reasons", "median_s", "runs", "parity_error", "tolerance"}
+_DECISION_FIELDS = {"bucket", "kernel", "select", "candidates", "probe_seconds", "source", "provisional", "why"}
+_CANDIDATE_FIELDS = {"kernel", "status", "reasons", "median_s", "runs", "parity_error", "tolerance", "low_s", "high_s"}
 
 
 def _expect(condition: bool, problem: str) -> None:
@@ -158,9 +189,12 @@ def _candidate(data: Any, index: int) -> CandidateResult:
     _expect(data.get("status") in STATUSES, f"{where}: status {data.get('status')!r} is not one of {STATUSES}")
     reasons = data.get("reasons", [])
     _expect(isinstance(reasons, list) and all(isinstance(r, str) for r in reasons), f"{where}: bad reasons")
-    for name in ("median_s", "parity_error", "tolerance"):
+    for name in ("median_s", "parity_error", "tolerance", "low_s", "high_s"):
         value = data.get(name)
         _expect(value is None or _is_number(value), f"{where}: {name} must be a number or null, found {_kind(value)}")
+    spread = [data.get(name) for name in ("low_s", "median_s", "high_s")]
+    if None not in spread:
+        _expect(spread == sorted(spread), f"{where}: low_s <= median_s <= high_s does not hold: {spread}")
     runs = data.get("runs", 0)
     _expect(isinstance(runs, int) and not isinstance(runs, bool) and runs >= 0, f"{where}: bad runs {runs!r}")
     if data.get("parity_error") is not None:

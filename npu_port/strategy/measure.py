@@ -1,16 +1,23 @@
 """Measuring candidates for one shape bucket: refuse, check parity, time, pick — like Triton's autotuner, plus a
-correctness gate.
+correctness gate and a decision rule that one timing spike cannot sway.
 
 For the first call in a bucket ``auto`` asks each candidate for its reasons (cheap), refuses any whose score tensor
 would not fit the memory budget, checks the rest against the math kernel on a slice of the real inputs (one batch
 entry, at most two key/value heads, the first ``parity_rows`` query rows, every key; a kernel that errors, gives
 NaN/inf or disagrees beyond the dtype's tolerance is rejected with the number recorded — a kernel can be fast and
 wrong, see pytorch#193893), runs each survivor once on the real inputs (a NaN check, and a first time), then times
-them in round-robin rounds (warm-up rounds first, order rotated so machine noise hits every candidate alike, median,
-device synchronised) and keeps the fastest. Only the forward pass is timed. The probe budget bounds it: no new
-candidate is started once it is spent, and a round is started only if the first runs say it fits, so on calls of a
-second or more the first runs are the measurement; a lone survivor is not run again at all (on a call that takes a
-minute, that halves the first call's cost).
+them in round-robin rounds (warm-up rounds first, order rotated so machine noise hits every candidate alike, device
+synchronised) and keeps, per candidate, the median and the middle half (first to third quartile) of its timed runs.
+Only the forward pass is timed. The probe budget bounds it: no new candidate is started once it is spent, and a round
+is started only if the first runs say it fits, so on calls of a second or more the first runs are the measurement; a
+lone survivor is not run again at all (on a call that takes a minute, that halves the first call's cost).
+
+The pick (:func:`pick`) prefers the strategy's order: a later candidate displaces an earlier one only when it is
+clearly faster — median more than ``margin`` lower and middle halves apart — so a single slow run of the preferred
+kernel, or a few percent of jitter, cannot hand a bucket to another kernel. When the timings cannot settle it (a
+candidate looks faster by more than the margin but the spreads overlap, or a non-preferred winner had fewer than
+:data:`MIN_CONFIDENT_RUNS` timed runs), the decision is *provisional*: used by this process, cached marked as such,
+and measured again by the next process. All timing goes through :func:`_time_once`.
 """
 
 from __future__ import annotations
@@ -25,12 +32,17 @@ from torch import Tensor
 
 from ..attn.api import run_kernel
 from ..attn.call import AttentionCall
+from ..attn.contract import finish_output
 from ..attn.kernels.base import Kernel
 from ..attn.masks import CanonicalMask
 from ..attn.registry import get_kernel
 from ..device import synchronize
 from ..errors import NoKernelError
 from .decision import OK, PICKED, REFUSED, REJECTED, SKIPPED, CandidateResult, Decision
+from .spec import DEFAULT_OPTIONS
+
+#: A winner other than the preferred (first timed) candidate needs at least this many timed runs to be kept for good.
+MIN_CONFIDENT_RUNS = 3
 
 #: Largest allowed ``max|out - reference|``, relative to ``max(1, max|reference|)``, per compute dtype.
 #: The values of xformers' own tests (fp32 3e-4, fp16 4e-3, bf16 2e-2).
@@ -126,16 +138,33 @@ def _unmeasured(
     )
 
 
-def _first_run(kernel: Kernel, call: AttentionCall) -> float:
-    """One run on the real inputs, whose output must be free of NaN / inf; its synchronised seconds."""
+def _time_once(kernel: Kernel, call: AttentionCall) -> Tuple[Tensor, float]:
+    """One run of ``kernel`` on ``call``: its raw output and its seconds, the device synchronised before and after.
+    The only clock auto reads, for the first runs and the rounds alike (so both are timed the same way, and a test
+    can script the timings by replacing this one function)."""
     synchronize(call.device)
     start = time.perf_counter()
-    out = run_kernel(call, kernel)
+    out = kernel.run(call)
     synchronize(call.device)
-    seconds = time.perf_counter() - start
-    if not bool(torch.isfinite(out).all()):
+    return out, time.perf_counter() - start
+
+
+def _first_run(kernel: Kernel, call: AttentionCall) -> float:
+    """One run on the real inputs, whose output must be free of NaN / inf; its synchronised seconds."""
+    out, seconds = _time_once(kernel, call)
+    if not bool(torch.isfinite(finish_output(out, call)).all()):
         raise FloatingPointError("the output has NaN or inf values on the real inputs")
     return seconds
+
+
+def _record(result: CandidateResult, samples: List[float]) -> None:
+    """The median of ``samples`` and their middle half (first and third quartiles, inclusive method: for 5 runs the
+    2nd and 4th fastest), which one outlier, however large, can shift only as far as a neighbouring run's time."""
+    result.median_s, result.runs = statistics.median(samples), len(samples)
+    if len(samples) > 1:
+        result.low_s, _, result.high_s = statistics.quantiles(samples, n=4, method="inclusive")
+    else:
+        result.low_s = result.high_s = samples[0]
 
 
 def _time_round_robin(
@@ -160,20 +189,67 @@ def _time_round_robin(
             if result.status != OK:
                 continue
             try:
-                synchronize(call.device)
-                start = time.perf_counter()
-                kernel.run(call)
-                synchronize(call.device)
+                _, seconds = _time_once(kernel, call)
             except Exception as exc:
                 result.status, result.reasons = REJECTED, [_failure(exc)]
                 continue
             if round_index >= untimed:
-                times[result.kernel].append(time.perf_counter() - start)
+                times[result.kernel].append(seconds)
     for _, result in survivors:
         if result.status == OK:
-            samples = times[result.kernel] or [first[result.kernel]]
-            result.median_s = statistics.median(samples)
-            result.runs = len(samples)
+            _record(result, times[result.kernel] or [first[result.kernel]])
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def _clearly_faster(challenger: CandidateResult, incumbent: CandidateResult, margin: float) -> bool:
+    """Median more than ``margin`` lower, and the middle halves apart (the challenger's third quartile below the
+    incumbent's first): what it takes to displace a candidate that comes earlier in the strategy's order."""
+    return challenger.median_s * (1 + margin) < incumbent.median_s and challenger.high_s < incumbent.low_s
+
+
+def pick(timed: Sequence[CandidateResult], margin: float) -> Tuple[CandidateResult, bool, str]:
+    """The winner among ``timed`` (in the strategy's order), whether the pick is provisional, and why, in one line.
+
+    The first candidate is the incumbent; each later one displaces it only if :func:`_clearly_faster`. Being clearly
+    faster carries over (a candidate clearly faster than the winner would have been clearly faster than the incumbent
+    it met), so no candidate ends up clearly faster than the winner. The pick is provisional when the timings cannot
+    settle it: some candidate's median is more than ``margin`` below the winner's but their middle halves overlap
+    (noise hid the answer), or the winner is not the preferred (first) candidate and had fewer than
+    :data:`MIN_CONFIDENT_RUNS` timed runs (a probe budget that let only the first runs happen, or ``repeats`` below
+    that).
+    """
+    preferred = winner = timed[0]
+    for challenger in timed[1:]:
+        if _clearly_faster(challenger, winner, margin):
+            winner = challenger
+    doubts = []
+    for other in timed:
+        if other is not winner and other.median_s * (1 + margin) < winner.median_s:
+            doubts.append(
+                f"{other.kernel}'s median ({_ms(other.median_s)}) is more than {margin:.0%} below {winner.kernel}'s "
+                f"({_ms(winner.median_s)}) but their middle halves overlap ({other.low_s * 1e3:.3g}-"
+                f"{other.high_s * 1e3:.3g} ms against {winner.low_s * 1e3:.3g}-{winner.high_s * 1e3:.3g} ms)"
+            )
+    if winner is not preferred and winner.runs < MIN_CONFIDENT_RUNS:
+        doubts.append(
+            f"{winner.kernel} beat the preferred {preferred.kernel} on {winner.runs} timed "
+            f"run{'s' if winner.runs != 1 else ''}, fewer than {MIN_CONFIDENT_RUNS}"
+        )
+    if doubts:
+        return winner, True, "; ".join(doubts)
+    if len(timed) == 1:
+        why = "the only candidate timed"
+    elif winner is preferred:
+        why = f"first in strategy order, and no candidate is clearly faster (margin {margin:.0%})"
+    else:
+        why = (
+            f"clearly faster than the preferred {preferred.kernel}: median {_ms(winner.median_s)} against "
+            f"{_ms(preferred.median_s)}, middle halves apart (margin {margin:.0%})"
+        )
+    return winner, False, why
 
 
 def measure(
@@ -186,6 +262,7 @@ def measure(
     repeats: int,
     probe_seconds: float,
     parity_rows: int,
+    margin: float = DEFAULT_OPTIONS["margin"],
 ) -> Decision:
     """Decide the kernel for ``call``'s bucket by measuring ``candidates`` (see the module docstring)."""
     started = time.perf_counter()
@@ -245,13 +322,13 @@ def measure(
             survivors.append((kernel, result))
             results.append(result)
         if len(survivors) == 1:  # nothing to compare: its first run's time is shown, and a huge call is not run again
-            survivors[0][1].median_s, survivors[0][1].runs = first[survivors[0][0].name], 1
+            _record(survivors[0][1], [first[survivors[0][0].name]])
         else:
             _time_round_robin(survivors, call, warmup, repeats, deadline, first)
-    timed = [r for r in results if r.status == OK]
+    timed = [result for _, result in survivors if result.status == OK]  # in the strategy's order
     if not timed:
         raise NoKernelError(call.describe(), {r.kernel: r.reasons for r in results})
-    best = min(timed, key=lambda r: r.median_s)  # min keeps the first of equals: candidate order breaks ties
+    best, provisional, why = pick(timed, margin)
     best.status = PICKED
     order = {PICKED: 0, OK: 1, REJECTED: 2, SKIPPED: 3, REFUSED: 4}
     results.sort(key=lambda r: (order[r.status], r.median_s if r.median_s is not None else 0.0))
@@ -261,4 +338,6 @@ def measure(
         select="measure",
         candidates=results,
         probe_seconds=time.perf_counter() - started,
+        provisional=provisional,
+        why=why,
     )

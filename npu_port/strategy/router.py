@@ -2,7 +2,9 @@
 
 ``fixed`` runs its one kernel and refuses (with the reasons) a call it cannot run — never a silent fallback.
 ``first`` takes the first candidate that can run the call, and records the others' reasons. ``measure`` (auto)
-decides once per shape bucket (see :mod:`.measure`), from memory, else the disk cache, else by measuring.
+decides once per shape bucket (see :mod:`.measure`), from memory, else the disk cache, else by measuring; a
+provisional decision (timing noise left it open) is kept in memory for this router but not trusted from the disk
+cache, so the next process measures that bucket again.
 The router is callable with SDPA's signature, which is how the diffusers integration and the flash_attn /
 xformers drop-ins reach it; ``select`` is the hook ``npu_port.attention(kernel=None)`` uses.
 """
@@ -58,7 +60,9 @@ def fingerprint(strategy: Strategy) -> Dict[str, Any]:
     """What about a strategy changes its decisions (the disk cache is keyed by it)."""
     return {
         "candidates": list(strategy.candidates),
-        "options": {k: strategy.option(k) for k in ("memory_budget", "sdpa_backends", "dtype_policy", "compute_dtype")},
+        "options": {
+            k: strategy.option(k) for k in ("memory_budget", "sdpa_backends", "dtype_policy", "compute_dtype", "margin")
+        },
         "kernel_options": {k: dict(v) for k, v in sorted(strategy.kernel_options.items())},
     }
 
@@ -234,6 +238,7 @@ class StrategyRouter:
             repeats=self.strategy.option("repeats"),
             probe_seconds=self.strategy.option("probe_seconds"),
             parity_rows=self.strategy.option("parity_rows"),
+            margin=self.strategy.option("margin"),
         )
         if cache is not None and decision.source != UNMEASURED:
             cache.put(decision)

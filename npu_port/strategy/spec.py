@@ -86,6 +86,15 @@ def _positive_number(name: str) -> Callable[[Any], float]:
     return check
 
 
+def _fraction(name: str) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ValueError(f"{name} must be a number >= 0 and < 1, got {value!r}")
+        return float(value)
+
+    return check
+
+
 def _bool(name: str) -> Callable[[Any], bool]:
     def check(value: Any) -> bool:
         if not isinstance(value, bool):
@@ -131,13 +140,21 @@ OPTIONS: Dict[str, OptionSpec] = {
         "cast float32 inputs to this dtype for the kernel and the output back (lets fp16/bf16-only kernels such as "
         "the Ascend ops run float32 models; changes precision, so auto's parity check applies)",
     ),
-    "repeats": OptionSpec(_int_at_least("repeats", 1), "auto: timed runs per candidate (the median is kept)"),
+    "repeats": OptionSpec(
+        _int_at_least("repeats", 1), "auto: timed rounds per candidate (their median and middle half are kept)"
+    ),
     "warmup": OptionSpec(_int_at_least("warmup", 0), "auto: untimed runs per candidate before timing (min 1)"),
     "probe_seconds": OptionSpec(
         _positive_number("probe_seconds"), "auto: time budget for measuring one shape bucket (seconds)"
     ),
     "parity_rows": OptionSpec(
         _int_at_least("parity_rows", 1), "auto: query rows of the slice checked against the math kernel"
+    ),
+    "margin": OptionSpec(
+        _fraction("margin"),
+        "auto: a candidate replaces an earlier one (strategy order) only if it is clearly faster: the earlier one's "
+        "median time is more than 1 + margin times its own, and their timings' middle halves do not overlap "
+        "(default 0.10)",
     ),
     "cache": OptionSpec(_bool("cache"), "auto: keep decisions in the on-disk cache (true by default)"),
 }
@@ -152,6 +169,7 @@ DEFAULT_OPTIONS: Dict[str, Any] = {
     "warmup": 2,
     "probe_seconds": 2.0,
     "parity_rows": 64,
+    "margin": 0.10,
     "cache": True,
 }
 
