@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import gc
 import math
+import sys
 import weakref
 from typing import Iterator, List
 
@@ -93,20 +94,7 @@ def close(out: torch.Tensor, base: torch.Tensor) -> None:
 
 def unet_with_heads(seed: int = 0) -> UNet2DConditionModel:
     """The tiny UNet with 2 and 4 heads, so that ``set_attention_slice("auto")`` (heads // 2) slices are >= 1."""
-    torch.manual_seed(seed)
-    model = UNet2DConditionModel(
-        sample_size=8,
-        in_channels=4,
-        out_channels=4,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        block_out_channels=(16, 32),
-        layers_per_block=1,
-        norm_num_groups=8,
-        cross_attention_dim=tiny.TEXT_DIM,
-        attention_head_dim=(2, 4),
-    )
-    return tiny._reseed(model, seed)
+    return tiny.tiny_unet(seed, heads=(2, 4))
 
 
 def added_kv_unet(seed: int = 0) -> UNet2DConditionModel:
@@ -489,3 +477,38 @@ def test_apply_to_target_on_a_model_with_a_later_processor_restores_the_user_obj
     applied.restore()
     assert all(unet.attn_processors[n] is p for n, p in later.items())  # theirs stay: set after ours
     assert len(applied.left_alone) == 8
+
+
+PROCESSOR_SOURCE = """
+import torch
+
+
+class FileProcessor:
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **kwargs):
+        query = attn.head_to_batch_dim(attn.to_q(hidden_states))
+        key = attn.head_to_batch_dim(attn.to_k(hidden_states))
+        value = attn.head_to_batch_dim(attn.to_v(hidden_states))
+        probs = attn.get_attention_scores(query, key, attention_mask)
+        out = torch.bmm(probs, value)
+        return attn.to_out[0](attn.batch_to_head_dim(out))
+"""
+
+
+def test_a_processor_file_edited_since_its_import_is_not_rewritten(tmp_path, monkeypatch):
+    import importlib
+    import linecache
+
+    (tmp_path / "edited_processor.py").write_text(PROCESSOR_SOURCE, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("edited_processor")
+    try:
+        loaded = vars(module.FileProcessor)["__call__"]
+        edited = PROCESSOR_SOURCE.replace("out = torch.bmm(probs, value)", "out = torch.bmm(probs, value * 2)")
+        edited = edited.replace("return attn.to_out[0]", "scaled = 1\n        return attn.to_out[0]")
+        (tmp_path / "edited_processor.py").write_text(edited, encoding="utf-8")
+        linecache.checkcache(str(tmp_path / "edited_processor.py"))
+        routed, why = rewrite_call(loaded)
+        assert routed is None
+        assert why == "the source of FileProcessor.__call__ on disk differs from the code loaded: not rewritten"
+    finally:
+        sys.modules.pop("edited_processor", None)

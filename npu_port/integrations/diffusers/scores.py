@@ -27,6 +27,7 @@ is left as it is, with the reason), and ``torch`` the real torch module. At run 
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import inspect
 import linecache
@@ -231,6 +232,20 @@ def _strip_annotations(node: ast.FunctionDef) -> None:
     node.decorator_list = []
 
 
+def _same_code(node: ast.FunctionDef, fn: types.FunctionType) -> bool:
+    """Whether ``node``, compiled as it is, gives the names and local variables of the code that was loaded: a file
+    edited since its import must not have its new text grafted onto the running program."""
+    copied = copy.deepcopy(node)
+    copied.decorator_list = []
+    try:
+        module = compile(ast.fix_missing_locations(ast.Module([copied], type_ignores=[])), "<check>", "exec")
+    except (SyntaxError, ValueError, TypeError):
+        return False
+    code = next((c for c in module.co_consts if isinstance(c, types.CodeType) and c.co_name == fn.__name__), None)
+    loaded = fn.__code__
+    return code is not None and (code.co_names, code.co_varnames) == (loaded.co_names, loaded.co_varnames)
+
+
 def _build(fn: types.FunctionType) -> Tuple[Optional[types.FunctionType], str]:
     if fn.__code__.co_freevars:
         return None, f"its {fn.__qualname__} is a closure (uses {', '.join(fn.__code__.co_freevars)}): not rewritten"
@@ -239,6 +254,8 @@ def _build(fn: types.FunctionType) -> Tuple[Optional[types.FunctionType], str]:
     node = _function_node(fn)
     if node is None:
         return None, f"the source of {fn.__qualname__} is not available: not rewritten"
+    if not _same_code(node, fn):
+        return None, f"the source of {fn.__qualname__} on disk differs from the code loaded: not rewritten"
     torch_names = [name for name, value in fn.__globals__.items() if value is torch]
     exact, kept = _pairs(node, torch_names)
     if not exact:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -41,9 +41,10 @@ def _reseed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return model.eval()
 
 
-def tiny_unet(seed: int = 0):
+def tiny_unet(seed: int = 0, heads: Tuple[int, int] = (1, 2)):
     """``UNet2DConditionModel``: 4 latent channels, 8×8 samples, 5 text tokens of width 16; 8 ``Attention`` modules
-    (self + cross attention in one down block, the mid block (2 heads) and two layers of one up block)."""
+    (self + cross attention in one down block, the mid block and two layers of one up block); ``heads``: per block
+    (the second also the mid block's)."""
     from diffusers import UNet2DConditionModel
 
     torch.manual_seed(seed)
@@ -57,7 +58,7 @@ def tiny_unet(seed: int = 0):
         layers_per_block=1,
         norm_num_groups=8,
         cross_attention_dim=TEXT_DIM,
-        attention_head_dim=(1, 2),  # heads per block (diffusers' naming): head_dim 16 everywhere
+        attention_head_dim=tuple(heads),  # heads per block (diffusers' naming)
     )
     return _reseed(model, seed)
 
