@@ -38,6 +38,7 @@ Importing this module imports neither diffusers nor the user's code.
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import logging
@@ -498,6 +499,8 @@ def patch_legacy_attention(target: Any) -> LegacyPatch:
 # back — the same function objects.
 
 ENABLE = "enable_xformers_memory_efficient_attention"
+#: How many enable calls npu-port run's summary remembers.
+HISTORY = 256
 DISABLE = "disable_xformers_memory_efficient_attention"
 
 
@@ -559,9 +562,13 @@ class XformersHook:
         self.strategy = strategy
         self.patched: List[Tuple[type, str, Any, Callable[..., Any]]] = []  # (class, name, saved, installed)
         self.routes: "weakref.WeakKeyDictionary[Any, XformersRoute]" = weakref.WeakKeyDictionary()
-        #: every route enable installed, with the object's class name, for npu-port run's summary; kept when the
-        #: object is freed (a route holds no reference to it), so a script's pipeline gone by exit is still listed.
-        self.history: List[Tuple[str, XformersRoute]] = []
+        #: what enable installed, for npu-port run's summary, kept when the object is freed (a script's pipeline
+        #: is gone by exit): the object's class name, the description and the router that counts its calls — no
+        #: processors, no model. Bounded: a server enabling per request keeps the latest entries.
+        self.history: "collections.deque[Tuple[str, str, Any]]" = collections.deque(maxlen=HISTORY)
+        #: every legacy patch enable made (class-level, holding no model), undone by restore() even for objects
+        #: freed meanwhile.
+        self._legacy: List[LegacyPatch] = []
         self.restored = False
 
     # ---- what the hooked methods do ---------------------------------------------------------------------------
@@ -585,7 +592,10 @@ class XformersHook:
                 route.restore()
                 raise
             self.routes[obj] = route
-            self.history.append((type(obj).__qualname__, route))
+            router = route.strategy.router if route.strategy is not None else None
+            self.history.append((type(obj).__qualname__, _describe(route), router))
+            if route.legacy is not None:
+                self._legacy.append(route.legacy)
         logger.warning(
             "npu-port: %s.%s() -> %s instead of xformers%s",
             type(obj).__name__,
@@ -649,8 +659,9 @@ class XformersHook:
             return
         self.restored = True
         with _lock:
-            routes = [route for _, route in self.history]  # objects freed meanwhile included: their class patches
+            routes: List[Any] = list(self.routes.values()) + self._legacy  # legacy class patches of freed objects too
             self.routes.clear()
+            self._legacy.clear()
             for cls, name, saved, installed in reversed(self.patched):
                 if vars(cls).get(name, _MISSING) is not installed:
                     continue
@@ -699,12 +710,8 @@ def hooked_routes() -> List[Dict[str, Any]]:
     if _HOOK is None:
         return []
     return [
-        {
-            "object": name,
-            "routed": _describe(route),
-            "calls": dict(route.strategy.calls) if route.strategy is not None else {},
-        }
-        for name, route in list(_HOOK.history)
+        {"object": name, "routed": described, "calls": dict(router.calls) if router is not None else {}}
+        for name, described, router in list(_HOOK.history)
     ]
 
 

@@ -85,7 +85,7 @@ class ProcessorLayer:
     """A processor an application installed on a module, and what to put back when it goes (``original``: updated
     when an older application under this one is restored first). The module is held weakly."""
 
-    __slots__ = ("name", "_module", "original", "installed")
+    __slots__ = ("name", "_module", "original", "installed", "__weakref__")
 
     def __init__(self, name: str, module: nn.Module, original: Any, installed: Any) -> None:
         self.name = name
@@ -99,19 +99,26 @@ class ProcessorLayer:
 
 
 _layers_lock = threading.RLock()
-#: module -> the layers of every active application on it, oldest first (weak: a dropped model takes its entry).
-_LAYERS: "weakref.WeakKeyDictionary[nn.Module, List[ProcessorLayer]]" = weakref.WeakKeyDictionary()
+#: module -> weak references to the layers of every active application on it, oldest first. Both sides weak: a layer
+#: holds the processors to put back, and a processor may hold its module (``self.attn = attn``), so a table holding
+#: layers would keep a dropped model alive; the layers belong to their application (the user's handle).
+_LAYERS: "weakref.WeakKeyDictionary[nn.Module, List[weakref.ref[ProcessorLayer]]]" = weakref.WeakKeyDictionary()
 
 
 def _add_layer(layer: ProcessorLayer, module: nn.Module) -> None:
     with _layers_lock:
-        _LAYERS.setdefault(module, []).append(layer)
+        _LAYERS.setdefault(module, []).append(weakref.ref(layer))
+
+
+def _live_layers(module: nn.Module) -> List[ProcessorLayer]:
+    refs = _LAYERS.get(module, [])
+    return [layer for layer in (ref() for ref in refs) if layer is not None]
 
 
 def layered_modules() -> int:
     """Modules with an active layer right now (for tests: it must not grow with models that are gone)."""
     with _layers_lock:
-        return len(_LAYERS)
+        return sum(1 for module in list(_LAYERS.keys()) if _live_layers(module))
 
 
 def _take_layer(layer: ProcessorLayer) -> Optional[ProcessorLayer]:
@@ -121,15 +128,45 @@ def _take_layer(layer: ProcessorLayer) -> Optional[ProcessorLayer]:
     if module is None:
         return None
     with _layers_lock:
-        stack = _LAYERS.get(module, [])
-        if layer in stack:
-            stack.remove(layer)
-            if not stack:
-                del _LAYERS[module]
+        stack = [other for other in _live_layers(module) if other is not layer]
+        if stack:
+            _LAYERS[module] = [weakref.ref(other) for other in stack]
+        else:
+            _LAYERS.pop(module, None)
         above = next((other for other in stack if other.original is layer.installed), None)
         if above is not None:
             above.original = layer.original
         return above
+
+
+class Routing:
+    """What keeps routing a model while it lives — its modules' hooks, the shared patches, how many of its modules are
+    alive, whether it was restored — and nothing of the user's: the ``set_processor`` watchers and the modules'
+    finalizers hold this, never the :class:`AppliedAttention` with its processors, so they cannot keep a model alive
+    (a processor may refer to its own module)."""
+
+    __slots__ = ("tally", "hooks", "lease", "live", "restored")
+
+    def __init__(self) -> None:
+        self.tally = Tally()
+        self.hooks: Dict[str, List[RemovableHandle]] = {}  # module name -> its routing hooks
+        self.lease: Optional[PatchLease] = None
+        self.live = 0
+        self.restored = False
+
+    def set_hooks(self, name: str, handles: List[RemovableHandle]) -> None:
+        self.hooks[name] = handles
+
+    def drop_hooks(self, name: str) -> None:
+        for handle in self.hooks.pop(name, ()):
+            handle.remove()
+
+    def module_freed(self) -> None:
+        """A finalizer: one of the modules is gone. With the last one, release what is shared with others (the
+        patches), so a model dropped without ``restore()`` takes its routing with it."""
+        self.live -= 1
+        if self.live <= 0 and not self.restored and self.lease is not None:
+            self.lease.release()
 
 
 class AppliedAttention:
@@ -144,16 +181,13 @@ class AppliedAttention:
     def __init__(self, target: Any) -> None:
         self._target = weak(target)
         self.modules: List[ModuleChange] = []
-        self.tally = Tally()
+        self.routing = Routing()
+        self.tally = self.routing.tally
         self.left_alone: List[str] = []
         self._modules: List[Tuple[str, "weakref.ref[nn.Module]"]] = []
         self._undo_processors: List[ProcessorLayer] = []
-        self._hooks: Dict[str, List[RemovableHandle]] = {}  # module name -> its routing hooks
         self._unwatch: List[Callable[[], None]] = []
         self._finalizers: List[weakref.finalize] = []
-        self._live = 0
-        self._lease: Optional[PatchLease] = None
-        self._restored = False
 
     @property
     def target(self) -> Any:
@@ -166,27 +200,12 @@ class AppliedAttention:
         """Note a module before changing it; ``installed``: the processor about to be set (None: unchanged)."""
         self.modules.append(ModuleChange(name, type(original).__name__, action))
         self._modules.append((name, weakref.ref(module)))
-        self._live += 1
-        self._finalizers.append(weakref.finalize(module, self._module_freed))
+        self.routing.live += 1
+        self._finalizers.append(weakref.finalize(module, self.routing.module_freed))
         if installed is not None:
             layer = ProcessorLayer(name, module, original, installed)
             self._undo_processors.append(layer)
             _add_layer(layer, module)
-
-    def _module_freed(self) -> None:
-        """A finalizer: one of the modules is gone. With the last one, release what is shared with others (the
-        patches), so a model dropped without ``restore()`` takes its routing with it."""
-        self._live -= 1
-        if self._live <= 0 and not self._restored and self._lease is not None:
-            self._lease.release()
-            self._undo_processors.clear()
-
-    def _set_hooks(self, name: str, handles: List[RemovableHandle]) -> None:
-        self._hooks[name] = handles
-
-    def _drop_hooks(self, name: str) -> None:
-        for handle in self._hooks.pop(name, ()):
-            handle.remove()
 
     # ---- what happened ----------------------------------------------------------------------------------------
 
@@ -209,7 +228,7 @@ class AppliedAttention:
 
     @property
     def restored(self) -> bool:
-        return self._restored
+        return self.routing.restored
 
     def counts(self) -> Dict[str, int]:
         """Number of attention modules per action when applied (every action listed, zeros included)."""
@@ -232,13 +251,16 @@ class AppliedAttention:
                 continue
             processor = getattr(module, "processor", None)
             kind = type(processor)
-            if change.action == "custom" or self._restored:
+            if change.action == "custom" or self.routing.restored:
                 states.append(ModuleState(name, kind.__name__, change.action, ACTION_MEANINGS[change.action]))
             elif kind is RoutedAttnProcessor:
                 stands = processor.stands_in_for.__name__  # type: ignore[union-attr]
                 states.append(ModuleState(name, stands, "replaced", f"npu-port's processor, {stands}'s steps"))
-            elif self._lease is not None:
-                state, detail = self._lease.explain(kind)
+            elif name not in self.routing.hooks:  # set by assignment (diffusers' PAG), not through set_processor
+                detail = "set without set_processor (assigned to .processor), so npu-port did not see it: not routed"
+                states.append(ModuleState(name, kind.__name__, "kept", detail))
+            elif self.routing.lease is not None:
+                state, detail = self.routing.lease.explain(kind)
                 states.append(ModuleState(name, kind.__name__, state, detail))
             else:
                 states.append(ModuleState(name, kind.__name__, "kept", "set after the strategy; not routed"))
@@ -248,7 +270,7 @@ class AppliedAttention:
         """A few lines for ``explain()``: what each module runs now, and how many calls went through."""
         target = self.target
         label = type(target).__name__ if target is not None else "(freed target)"
-        state = "restored" if self._restored else "active"
+        state = "restored" if self.routing.restored else "active"
         lines = [f"{label}: {len(self.modules)} diffusers attention modules ({state})"]
         states = self.states()
         for action in ACTIONS + ("freed",):
@@ -274,7 +296,7 @@ class AppliedAttention:
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{k}={v}" for k, v in self.counts().items() if v)
-        state = "restored" if self._restored else "active"
+        state = "restored" if self.routing.restored else "active"
         target = self.target
         label = type(target).__name__ if target is not None else "(freed target)"
         return f"<AppliedAttention on {label}: {counts}; {state}>"
@@ -289,9 +311,10 @@ class AppliedAttention:
         Modules that were freed meanwhile are passed over. Every step is attempted even if one fails; the first
         failure is raised at the end.
         """
-        if self._restored:
+        routing = self.routing
+        if routing.restored:
             return
-        self._restored = True
+        routing.restored = True
         first_error: Optional[BaseException] = None
         for finalizer in self._finalizers:
             finalizer.detach()
@@ -299,8 +322,8 @@ class AppliedAttention:
         for unwatch in reversed(self._unwatch):  # first: putting processors back must not wake the watchers
             unwatch()
         self._unwatch.clear()
-        for name in list(self._hooks):
-            self._drop_hooks(name)
+        for name in list(routing.hooks):
+            routing.drop_hooks(name)
         for layer in reversed(self._undo_processors):
             if _take_layer(layer) is not None:  # a newer application sits on ours: it now restores our original
                 continue
@@ -319,8 +342,8 @@ class AppliedAttention:
                 except Exception:  # pragma: no cover - would need a module that refuses attribute assignment
                     first_error = first_error or exc
         self._undo_processors.clear()
-        if self._lease is not None:
-            self._lease.release()
+        if routing.lease is not None:
+            routing.lease.release()
         if first_error is not None:
             raise first_error
 

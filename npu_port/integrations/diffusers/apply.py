@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from torch import nn
 
 from . import classes
-from .applied import AppliedAttention
+from .applied import AppliedAttention, Routing
 from .patches import PatchLease
 from .processor import RoutedAttnProcessor
 from .routing import AttentionFn, Route, install_route_hooks
@@ -107,17 +107,17 @@ def _install_routing(
             applied._record(name, module, original, "replaced", installed=processor)
             module.set_processor(processor)
         else:
-            state, _ = _route_processor(applied, api, name, route, module)
+            state, _ = _route_processor(applied.routing, api, name, route, module)
             applied._record(name, module, original, state)
-        applied._unwatch.append(watch(module, _follow(applied, api, name, route)))
+        applied._unwatch.append(watch(module, _follow(applied.routing, api, name, route)))
 
 
-def _lease(applied: AppliedAttention, api: classes.DiffusersClasses) -> PatchLease:
+def _lease(routing: Routing, api: classes.DiffusersClasses) -> PatchLease:
     """The application's shared patches, taken the first time a processor other than ours needs them."""
-    if applied._lease is None:
-        applied._lease = PatchLease(api.dispatch_attention_fn, stand_ins=_stand_ins(api))
-        applied._lease.cover_loaded_diffusers()
-    return applied._lease
+    if routing.lease is None:
+        routing.lease = PatchLease(api.dispatch_attention_fn, stand_ins=_stand_ins(api))
+        routing.lease.cover_loaded_diffusers()
+    return routing.lease
 
 
 def _stand_ins(api: classes.DiffusersClasses) -> Dict[type, type]:
@@ -131,30 +131,29 @@ def _stand_ins(api: classes.DiffusersClasses) -> Dict[type, type]:
 
 
 def _route_processor(
-    applied: AppliedAttention, api: classes.DiffusersClasses, name: str, route: Route, module: nn.Module
+    routing: Routing, api: classes.DiffusersClasses, name: str, route: Route, module: nn.Module
 ) -> Tuple[str, str]:
     """Route the processor ``module`` has now (ours: nothing to do, and no hooks); its state and what it means."""
     processor = getattr(module, "processor", None)
     if type(processor) is RoutedAttnProcessor:
-        applied._drop_hooks(name)
+        routing.drop_hooks(name)
         return "replaced", ""
-    lease = _lease(applied, api)
+    lease = _lease(routing, api)
     if processor is not None:
         lease.cover_processor(type(processor))
-    if name not in applied._hooks:
-        applied._set_hooks(name, list(install_route_hooks(module, route)))
+    if name not in routing.hooks:
+        routing.set_hooks(name, list(install_route_hooks(module, route)))
     return lease.explain(type(processor))
 
 
-def _follow(
-    applied: AppliedAttention, api: classes.DiffusersClasses, name: str, route: Route
-) -> Callable[[nn.Module], None]:
+def _follow(routing: Routing, api: classes.DiffusersClasses, name: str, route: Route) -> Callable[[nn.Module], None]:
     """The watcher of one module: a processor set on it later is routed then (hooks and patches when it is not
-    ours; when ours comes back, the hooks go again). Holds no reference to the module (see :mod:`.watch`)."""
+    ours; when ours comes back, the hooks go again). Holds neither the module nor the application's processors
+    (see :mod:`.watch`): only the routing state."""
 
     def on_new_processor(module: nn.Module) -> None:
-        if not applied.restored:
-            _route_processor(applied, api, name, route, module)
+        if not routing.restored:
+            _route_processor(routing, api, name, route, module)
 
     return on_new_processor
 

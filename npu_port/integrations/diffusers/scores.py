@@ -27,7 +27,6 @@ is left as it is, with the reason), and ``torch`` the real torch module. At run 
 from __future__ import annotations
 
 import ast
-import copy
 import functools
 import inspect
 import linecache
@@ -51,9 +50,11 @@ _REWRITES: Dict[Any, Tuple[Optional[types.FunctionType], str]] = {}
 
 
 def _diffusers_scores(attn: Any) -> bool:
-    """Whether ``attn``'s ``get_attention_scores`` is diffusers' own (so the routed call computes what it would)."""
-    method = getattr(type(attn), SCORES, None)
-    return getattr(method, "__module__", "").startswith("diffusers.")
+    """Whether ``attn``'s ``get_attention_scores`` — as the processor would call it, so an override set on the
+    instance counts — is diffusers' own (so the routed call computes what it would)."""
+    method = getattr(attn, SCORES, None)
+    function = getattr(method, "__func__", method)
+    return getattr(function, "__module__", None) is not None and function.__module__.startswith("diffusers.")
 
 
 def _routed_attention(route: Any) -> Callable[..., Tensor]:
@@ -141,6 +142,13 @@ class _Pair:
 
     __slots__ = ("statements", "index", "probs", "call", "result", "value")
 
+    @property
+    def target(self) -> ast.AST:
+        """The name the scores statement binds (its own store of ``probs``)."""
+        statement = self.statements[self.index]
+        assert isinstance(statement, ast.Assign)
+        return statement.targets[0]
+
     def __init__(
         self, statements: List[ast.stmt], index: int, probs: str, call: ast.Call, result: str, value: ast.expr
     ) -> None:
@@ -167,8 +175,8 @@ class _Pair:
 
 def _pairs(function: ast.FunctionDef, torch_names: List[str]) -> Tuple[List[_Pair], List[str]]:
     """The exact pairs in ``function``, and why the other ``get_attention_scores`` -> ``bmm`` pairs are not exact:
-    the probabilities' name must be read nowhere but in the pairs' own ``bmm`` calls (unless the ``bmm`` rebinds
-    that very name, as the sliced processors do)."""
+    the probabilities' name must be used (read, bound or deleted) nowhere but in the pairs' own statements unless
+    the ``bmm`` rebinds that very name (as the sliced processors do), and never in the ``bmm``'s value operand."""
     found: List[_Pair] = []
     for statements in _statement_lists(function):
         for index in range(len(statements) - 1):
@@ -176,21 +184,23 @@ def _pairs(function: ast.FunctionDef, torch_names: List[str]) -> Tuple[List[_Pai
             bmm = _bmm_of(statements[index + 1], scores[0], torch_names) if scores else None
             if scores is not None and bmm is not None:
                 found.append(_Pair(statements, index, scores[0], scores[1], bmm[0], bmm[1]))
-    bmm_reads = {id(pair.bmm_read) for pair in found}
+    own = {id(pair.bmm_read) for pair in found} | {id(pair.target) for pair in found}
     exact: List[_Pair] = []
     kept: List[str] = []
     for pair in found:
-        other_reads = [
+        line = pair.statements[pair.index].lineno
+        in_value = [n for n in ast.walk(pair.value) if isinstance(n, ast.Name) and n.id == pair.probs]
+        other_uses = [
             node
             for node in ast.walk(function)
-            if isinstance(node, ast.Name)
-            and node.id == pair.probs
-            and isinstance(node.ctx, ast.Load)
-            and id(node) not in bmm_reads
+            if isinstance(node, ast.Name) and node.id == pair.probs and id(node) not in own
         ]
-        if pair.result != pair.probs and other_reads:
-            line = pair.statements[pair.index].lineno
-            kept.append(f"line {line}: {pair.probs!r} (the probabilities) is also read at line {other_reads[0].lineno}")
+        if in_value:  # the routed call computes the value before the scores: it must not read them
+            kept.append(f"line {line}: the bmm's value operand reads {pair.probs!r} (the probabilities)")
+        elif pair.result != pair.probs and other_uses:  # read, rebound or deleted elsewhere (`del probs`)
+            use = other_uses[0]
+            how = {ast.Load: "read", ast.Store: "assigned", ast.Del: "deleted"}.get(type(use.ctx), "used")
+            kept.append(f"line {line}: {pair.probs!r} (the probabilities) is also {how} at line {use.lineno}")
         else:
             exact.append(pair)
     return exact, kept
@@ -200,14 +210,16 @@ def _is_scope(statement: ast.stmt) -> bool:
     return isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
 
 
-def _function_node(fn: types.FunctionType) -> Optional[ast.FunctionDef]:
+def _source(fn: types.FunctionType) -> str:
+    return "".join(linecache.getlines(fn.__code__.co_filename, fn.__globals__))
+
+
+def _function_node(fn: types.FunctionType, source: str) -> Optional[ast.FunctionDef]:
     """The ``def`` of ``fn`` in its file's syntax tree (line numbers as in the file), or None."""
-    filename = fn.__code__.co_filename
-    source = "".join(linecache.getlines(filename, fn.__globals__))
     if not source:
         return None
     try:
-        tree = ast.parse(source, filename)
+        tree = ast.parse(source, fn.__code__.co_filename)
     except (SyntaxError, ValueError):
         return None
     first = fn.__code__.co_firstlineno
@@ -220,8 +232,8 @@ def _function_node(fn: types.FunctionType) -> Optional[ast.FunctionDef]:
 
 
 def _strip_annotations(node: ast.FunctionDef) -> None:
-    """Annotations are not evaluated again (names only imported for type checking would fail); the rewritten
-    function carries the original's ``__annotations__`` instead."""
+    """Annotations and defaults are not evaluated again (names only imported for type checking, or a class body's
+    names, would fail there); the rewritten function carries the original's ``__annotations__`` and defaults."""
     arguments = node.args
     for arg in arguments.posonlyargs + arguments.args + arguments.kwonlyargs:
         arg.annotation = None
@@ -230,20 +242,40 @@ def _strip_annotations(node: ast.FunctionDef) -> None:
             arg.annotation = None
     node.returns = None
     node.decorator_list = []
+    arguments.defaults = []  # defaults are not evaluated again either: the function gets the loaded ones
+    arguments.kw_defaults = [None] * len(arguments.kwonlyargs)
 
 
-def _same_code(node: ast.FunctionDef, fn: types.FunctionType) -> bool:
-    """Whether ``node``, compiled as it is, gives the names and local variables of the code that was loaded: a file
-    edited since its import must not have its new text grafted onto the running program."""
-    copied = copy.deepcopy(node)
-    copied.decorator_list = []
+def _same_code(fn: types.FunctionType, source: str) -> bool:
+    """Whether ``source`` (the file as it is on disk), compiled, holds exactly the code that was loaded for ``fn``: a
+    file edited since its import must not have its new text grafted onto the running program. The whole file is
+    compiled so that the function gets the same context (class body, future imports) as when it was loaded."""
     try:
-        module = compile(ast.fix_missing_locations(ast.Module([copied], type_ignores=[])), "<check>", "exec")
-    except (SyntaxError, ValueError, TypeError):
+        module = compile(source, fn.__code__.co_filename, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
         return False
-    code = next((c for c in module.co_consts if isinstance(c, types.CodeType) and c.co_name == fn.__name__), None)
     loaded = fn.__code__
-    return code is not None and (code.co_names, code.co_varnames) == (loaded.co_names, loaded.co_varnames)
+    stack = [module]
+    while stack:
+        code = stack.pop()
+        if code.co_name == loaded.co_name and code.co_firstlineno == loaded.co_firstlineno:
+            return _code_key(code) == _code_key(loaded)
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return False
+
+
+def _code_key(code: types.CodeType) -> Tuple[Any, ...]:
+    """What must match between two compilations of one function: bytecode, constants (nested code compared the same
+    way), names and locals — not line numbers or the file name."""
+    consts = tuple(_code_key(c) if isinstance(c, types.CodeType) else (type(c), repr(c)) for c in code.co_consts)
+    return (code.co_code, consts, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)
+
+
+def _mangled(fn: types.FunctionType) -> List[str]:
+    """Private ``__name`` attributes, which the class body mangles and a recompiled function would not."""
+    names = [n for n in fn.__code__.co_names if n.startswith("_") and "__" in n and not n.endswith("__")]
+    owner = fn.__qualname__.rsplit(".", 2)[0] if "." in fn.__qualname__ else ""
+    return [n for n in names if owner and n.startswith(f"_{owner.lstrip('_')}__")]
 
 
 def _build(fn: types.FunctionType) -> Tuple[Optional[types.FunctionType], str]:
@@ -251,10 +283,13 @@ def _build(fn: types.FunctionType) -> Tuple[Optional[types.FunctionType], str]:
         return None, f"its {fn.__qualname__} is a closure (uses {', '.join(fn.__code__.co_freevars)}): not rewritten"
     if SCORES not in fn.__code__.co_names:
         return None, "no get_attention_scores call"
-    node = _function_node(fn)
+    if _mangled(fn):
+        return None, f"{fn.__qualname__} uses private (name-mangled) attributes {_mangled(fn)}: not rewritten"
+    source = _source(fn)
+    node = _function_node(fn, source)
     if node is None:
         return None, f"the source of {fn.__qualname__} is not available: not rewritten"
-    if not _same_code(node, fn):
+    if not _same_code(fn, source):
         return None, f"the source of {fn.__qualname__} on disk differs from the code loaded: not rewritten"
     torch_names = [name for name, value in fn.__globals__.items() if value is torch]
     exact, kept = _pairs(node, torch_names)
@@ -296,5 +331,9 @@ def rewrite_call(fn: Any) -> Tuple[Optional[types.FunctionType], str]:
     with _lock:
         found = _REWRITES.get(fn)
         if found is None:
-            found = _REWRITES[fn] = _build(fn)
+            try:
+                found = _build(fn)
+            except Exception as exc:  # whatever the rewrite cannot handle leaves the processor as it is
+                found = (None, f"{fn.__qualname__} could not be rewritten ({type(exc).__name__}: {exc}): not routed")
+            _REWRITES[fn] = found
         return found
