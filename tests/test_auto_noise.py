@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import statistics
+import time
 from typing import Dict, List, Optional, Sequence
 
 import pytest
@@ -44,15 +45,22 @@ def script(timed: Sequence[float], first: Optional[float] = None) -> List[float]
 
 
 @contextlib.contextmanager
-def scripted(timings: Dict[str, List[float]]):
-    """Replace auto's clock: each kernel reports its scripted seconds in turn (and must not run more often)."""
+def scripted(timings: Dict[str, List[float]], stall: Sequence[str] = ()):
+    """Replace auto's clock: each kernel reports its scripted seconds in turn (and must not run more often). The
+    kernels named in ``stall`` really take their first scripted seconds (a sleep), so that the probe budget, which is
+    counted on the wall clock, is spent as it would be."""
     real = measure_module._time_once
     left = {name: list(values) for name, values in timings.items()}
+    stalling = set(stall)
 
     def fake(kernel, call):
         out, _ = real(kernel, call)
         assert left.get(kernel.name), f"{kernel.name} timed more often than scripted"
-        return out, left[kernel.name].pop(0)
+        seconds = left[kernel.name].pop(0)
+        if kernel.name in stalling:
+            stalling.discard(kernel.name)
+            time.sleep(seconds)
+        return out, seconds
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(measure_module, "_time_once", fake)
@@ -60,12 +68,17 @@ def scripted(timings: Dict[str, List[float]]):
     assert all(not rest for rest in left.values()), f"scripted runs not used: {left}"
 
 
-def decide(timings: Dict[str, List[float]], margin: float = DEFAULT_OPTIONS["margin"]) -> Decision:
+def decide(
+    timings: Dict[str, List[float]],
+    margin: float = DEFAULT_OPTIONS["margin"],
+    probe_seconds: float = 60.0,
+    stall: Sequence[str] = (),
+) -> Decision:
     """measure() over the scripted kernels, in the order given (the first is the preferred one). The probe budget is
-    generous so that a slow test machine cannot cut the rounds short and change what is compared."""
+    generous by default so that a slow test machine cannot cut the rounds short and change what is compared."""
     call = AttentionCall.from_arguments(*qkv())
     kernels = [npu_port.get_kernel(name) for name in timings]
-    with scripted(timings):
+    with scripted(timings, stall):
         return measure(
             call,
             bucket_key(call),
@@ -73,7 +86,7 @@ def decide(timings: Dict[str, List[float]], margin: float = DEFAULT_OPTIONS["mar
             budget_bytes=None,
             warmup=WARMUP,
             repeats=REPEATS,
-            probe_seconds=60.0,
+            probe_seconds=probe_seconds,
             parity_rows=8,
             margin=margin,
         )
@@ -135,13 +148,55 @@ def test_a_faster_median_whose_runs_overlap_keeps_the_preferred_kernel_provision
     assert lines[-1] == "       (used by this process only; the next process measures this bucket again)"
 
 
-def test_a_spike_that_eats_the_probe_budget_leaves_a_provisional_pick():
-    """A first run long enough that no timed round fits the budget: each kernel is judged on its first run, so a
+def test_first_runs_too_long_for_one_round_leave_a_non_preferred_winner_provisional():
+    """First runs so long that not even one round fits the budget: each kernel is judged on its first run, so a
     non-preferred winner has fewer than MIN_CONFIDENT_RUNS runs behind it and is not kept for good."""
-    decision = decide({"sdpa": [120.0], "math": [1 * MS]})  # sdpa's first run: a 2-minute stall
+    decision = decide({"sdpa": [2.0], "math": [1.0]}, probe_seconds=1.5)  # a round: 3 s, over the 1.5 s budget
     assert decision.kernel == "math" and decision.provisional
     assert by_name(decision)["math"].runs == 1 < MIN_CONFIDENT_RUNS
     assert decision.why == (f"math beat the preferred sdpa on 1 timed run, fewer than {MIN_CONFIDENT_RUNS}")
+
+
+def test_a_spike_in_a_challengers_first_run_does_not_cancel_the_rounds():
+    """math's first run is 100 times its quiet runs (a 100 s stall, more than the 60 s budget): the plan counts it
+    as at most 10 times the fastest first run (20 s), so the rounds run, and math, twice as fast, wins on them."""
+    sdpa = script([2.0] * REPEATS)
+    math = script([1.0] * REPEATS, first=100.0)
+    decision = decide({"sdpa": sdpa, "math": math})
+    assert decision.kernel == "math" and not decision.provisional
+    assert by_name(decision)["math"].runs == REPEATS and by_name(decision)["sdpa"].runs == REPEATS
+    assert decision.why.startswith("clearly faster than the preferred sdpa: median 1e+03 ms against 2e+03 ms")
+
+
+STALL = 0.3  # the preferred kernel's first run really takes this long: longer than the budget below
+STALLED = {"sdpa": [STALL], "math": []}  # math never runs: skipped, the budget is spent
+
+
+def test_a_stall_in_the_preferred_kernels_first_run_leaves_the_others_skipped_and_the_pick_provisional():
+    decision = decide(STALLED, probe_seconds=STALL / 3, stall=["sdpa"])
+    assert decision.kernel == "sdpa" and decision.provisional
+    assert by_name(decision)["sdpa"].runs == 1  # not run again: the budget is spent
+    assert by_name(decision)["math"].status == "skipped"
+    assert decision.why == "math was skipped: the probe time budget (0.1 s) was spent before it could run"
+
+
+def test_a_pick_with_skipped_candidates_is_not_loaded_from_the_disk_cache_by_the_next_process():
+    q, k, v = qkv()
+    bucket = bucket_key(AttentionCall.from_arguments(q, k, v))
+    first = auto_router(probe_seconds=STALL / 3)
+    with scripted(STALLED, stall=["sdpa"]):
+        first(q, k, v)
+    decision = first.decisions[bucket]
+    assert decision.kernel == "sdpa" and decision.provisional
+    path = next(iter(first.caches.values())).path
+    assert json.loads(path.read_text())["decisions"][bucket]["provisional"] is True
+
+    later = auto_router()  # the next process, on a quiet machine: measures again, math clearly faster
+    with scripted(QUIET):
+        later(q, k, v)
+    cache = next(iter(later.caches.values()))
+    assert cache.path == path and cache.loads == 0 and later.probes == 1
+    assert later.decisions[bucket].kernel == "math" and not later.decisions[bucket].provisional
 
 
 BAND = 0.02  # steady runs: each within 2% above its kernel's base time
@@ -169,7 +224,7 @@ def test_one_spike_of_any_size_in_any_one_run_never_changes_the_pick(
 ):
     """Steady runs around each kernel's base time, bases not near the margin's threshold: multiplying any one
     warm-up or timed run of any kernel by any factor leaves the pick as it was. (A spike in a first run, which
-    the budget is planned from, is the case of test_a_spike_that_eats_the_probe_budget_leaves_a_provisional_pick.)"""
+    the budget is planned from, is the case of test_a_spike_in_a_challengers_first_run_does_not_cancel_the_rounds.)"""
     names = order[:count]
     base = dict(zip(names, bases))
     assume(not _near_threshold(base, margin))

@@ -9,15 +9,25 @@ wrong, see pytorch#193893), runs each survivor once on the real inputs (a NaN ch
 them in round-robin rounds (warm-up rounds first, order rotated so machine noise hits every candidate alike, device
 synchronised) and keeps, per candidate, the median and the middle half (first to third quartile) of its timed runs.
 Only the forward pass is timed. The probe budget bounds it: no new candidate is started once it is spent, and a round
-is started only if the first runs say it fits, so on calls of a second or more the first runs are the measurement; a
-lone survivor is not run again at all (on a call that takes a minute, that halves the first call's cost).
+is started only if it is expected to fit. The first round is planned from the first runs, each capped at
+:data:`FIRST_RUN_CAP` times the fastest one (so one spike in a first run inflates the plan at most that much instead
+of cancelling every round); each later round from the elapsed time of the round before it. On calls of a second or
+more, where not even one round fits, the first runs are the measurement. A lone survivor (the others refused or
+rejected) is not run again at all (on a call that takes a minute, that halves the first call's cost).
 
 The pick (:func:`pick`) prefers the strategy's order: a later candidate displaces an earlier one only when it is
 clearly faster — median more than ``margin`` lower and middle halves apart — so a single slow run of the preferred
 kernel, or a few percent of jitter, cannot hand a bucket to another kernel. When the timings cannot settle it (a
 candidate looks faster by more than the margin but the spreads overlap, or a non-preferred winner had fewer than
 :data:`MIN_CONFIDENT_RUNS` timed runs), the decision is *provisional*: used by this process, cached marked as such,
-and measured again by the next process. All timing goes through :func:`_time_once`.
+and measured again by the next process. It is provisional as well when a candidate was skipped because the budget
+was spent before it could run (e.g. the preferred kernel's first run stalled for longer than ``probe_seconds``):
+nothing was compared, so nothing is kept for good.
+
+A pick made on first runs alone (no round fitted the budget) can only err towards the preferred kernel: a
+non-preferred winner has one timed run, fewer than :data:`MIN_CONFIDENT_RUNS`, so it is provisional and never holds
+the bucket for good; what can be kept for good is the preferred kernel, when a challenger's first run was slower
+than its later runs would have been. All timing goes through :func:`_time_once`.
 """
 
 from __future__ import annotations
@@ -43,6 +53,10 @@ from .spec import DEFAULT_OPTIONS
 
 #: A winner other than the preferred (first timed) candidate needs at least this many timed runs to be kept for good.
 MIN_CONFIDENT_RUNS = 3
+
+#: When planning the first round, each first run counts for at most this many times the fastest first run: one spike
+#: in a first run (a busy moment, a lazy initialisation) inflates the plan at most this much.
+FIRST_RUN_CAP = 10.0
 
 #: Largest allowed ``max|out - reference|``, relative to ``max(1, max|reference|)``, per compute dtype.
 #: The values of xformers' own tests (fp32 3e-4, fp16 4e-3, bf16 2e-2).
@@ -174,15 +188,19 @@ def _time_round_robin(
     shared machine slows every candidate alike instead of skewing one candidate's median: ``warmup - 1`` untimed
     rounds (every survivor has had one run already), then up to ``repeats`` timed ones.
 
-    A round starts only if it fits before ``deadline`` as the first runs predict it, so a round of big calls (a second
-    each on a CPU) never overruns the probe budget. A candidate that got no timed run is judged by its first run
+    A round starts only if it is expected to fit before ``deadline``, so a round of big calls (a second each on a
+    CPU) does not overrun the probe budget. The first round is expected to take the sum of the first runs, each capped
+    at :data:`FIRST_RUN_CAP` times the fastest (one spike in one first run must not cancel every round); each later
+    round as long as the round before it took. A candidate that got no timed run is judged by its first run
     (``first``), which on such calls differs little from later ones.
     """
     times: Dict[str, List[float]] = {result.kernel: [] for _, result in survivors}
-    round_cost = sum(first.values())
+    fastest = min(first.values())
+    round_cost = sum(min(seconds, FIRST_RUN_CAP * fastest) for seconds in first.values())
     untimed = max(warmup, 1) - 1
     for round_index in range(untimed + repeats):
-        if time.perf_counter() + round_cost > deadline:
+        round_start = time.perf_counter()
+        if round_start + round_cost > deadline:
             break
         shift = round_index % max(len(survivors), 1)
         for kernel, result in survivors[shift:] + survivors[:shift]:
@@ -195,6 +213,7 @@ def _time_round_robin(
                 continue
             if round_index >= untimed:
                 times[result.kernel].append(seconds)
+        round_cost = time.perf_counter() - round_start
     for _, result in survivors:
         if result.status == OK:
             _record(result, times[result.kernel] or [first[result.kernel]])
@@ -329,6 +348,14 @@ def measure(
     if not timed:
         raise NoKernelError(call.describe(), {r.kernel: r.reasons for r in results})
     best, provisional, why = pick(timed, margin)
+    skipped = [r.kernel for r in results if r.status == SKIPPED]
+    if skipped:  # nothing was compared with them: measured again by the next process
+        unmeasured = (
+            f"{', '.join(skipped)} {'was' if len(skipped) == 1 else 'were'} skipped: the probe time budget "
+            f"({probe_seconds:g} s) was spent before {'it' if len(skipped) == 1 else 'they'} could run"
+        )
+        why = f"{why}; {unmeasured}" if provisional else unmeasured
+        provisional = True
     best.status = PICKED
     order = {PICKED: 0, OK: 1, REJECTED: 2, SKIPPED: 3, REFUSED: 4}
     results.sort(key=lambda r: (order[r.status], r.median_s if r.median_s is not None else 0.0))
