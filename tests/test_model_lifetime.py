@@ -512,3 +512,133 @@ def test_a_processor_file_edited_since_its_import_is_not_rewritten(tmp_path, mon
         assert why == "the source of FileProcessor.__call__ on disk differs from the code loaded: not rewritten"
     finally:
         sys.modules.pop("edited_processor", None)
+
+
+class DeletesTheProbs:
+    """Frees the probabilities right after the bmm (``del probs``): rewriting would leave ``del`` a name never bound."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **kwargs):
+        query = attn.head_to_batch_dim(attn.to_q(hidden_states))
+        key = attn.head_to_batch_dim(attn.to_k(hidden_states))
+        value = attn.head_to_batch_dim(attn.to_v(hidden_states))
+        probs = attn.get_attention_scores(query, key, attention_mask)
+        out = torch.bmm(probs, value)
+        del probs
+        return attn.to_out[0](attn.batch_to_head_dim(out))
+
+
+class ValueReadsTheProbs:
+    """The bmm's value operand reads the probabilities' name (rebound by the bmm): the routed call could not."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **kwargs):
+        query = attn.head_to_batch_dim(attn.to_q(hidden_states))
+        key = attn.head_to_batch_dim(attn.to_k(hidden_states))
+        value = attn.head_to_batch_dim(attn.to_v(hidden_states))
+        probs = attn.get_attention_scores(query, key, attention_mask)
+        probs = torch.bmm(probs, value * probs.amax())
+        return attn.to_out[0](attn.batch_to_head_dim(probs))
+
+
+class DefaultFromTheClassBody:
+    """A default that names something of the class body: evaluating it again outside the class would fail."""
+
+    GAIN = 1.0
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, gain=GAIN, **kwargs):
+        query = attn.head_to_batch_dim(attn.to_q(hidden_states))
+        key = attn.head_to_batch_dim(attn.to_k(hidden_states))
+        value = attn.head_to_batch_dim(attn.to_v(hidden_states))
+        probs = attn.get_attention_scores(query, key, attention_mask)
+        out = torch.bmm(probs, value)
+        return attn.to_out[0](attn.batch_to_head_dim(out)) * gain
+
+
+@pytest.mark.parametrize(
+    ("processor", "state", "detail"),
+    [
+        (DeletesTheProbs, "kept", "'probs' (the probabilities) is also deleted at line"),
+        (ValueReadsTheProbs, "kept", "the bmm's value operand reads 'probs'"),
+        (DefaultFromTheClassBody, "routed", "get_attention_scores -> bmm at line"),
+    ],
+)
+def test_pairs_that_cannot_be_rewritten_exactly_are_left_as_written(counted, processor, state, detail):
+    attn = Attention(query_dim=16, heads=2, dim_head=8)
+    other = Attention(query_dim=16, heads=2, dim_head=8, processor=processor())  # no strategy on this one
+    hidden = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        attn.set_processor(processor())
+        base, other_base = attn(hidden), other(hidden)
+        with npu_port.attention_strategy(STRATEGY, target=attn) as handle:
+            counted.clear()
+            close(attn(hidden), base)
+            assert torch.equal(other(hidden), other_base)  # the class is shared: untargeted instances run as written
+            (now,) = handle.applied.states()
+            assert now.state == state and detail in now.detail
+            assert len(counted) == (1 if state == "routed" else 0)
+
+
+def test_a_get_attention_scores_set_on_the_instance_runs_and_is_declined(counted):
+    attn = Attention(query_dim=16, heads=2, dim_head=8, processor=AttnProcessor())
+    maps = []
+    diffusers_scores = attn.get_attention_scores
+
+    def storing(query, key, attention_mask=None):
+        maps.append(diffusers_scores(query, key, attention_mask))
+        return maps[-1]
+
+    attn.get_attention_scores = storing  # an attention-map hook set on the module itself
+    hidden = torch.randn(1, 4, 16)
+    with torch.no_grad():
+        base = attn(hidden)
+        with npu_port.attention_strategy(STRATEGY, target=attn) as handle:
+            counted.clear()
+            assert torch.equal(attn(hidden), base) and len(maps) == 2 and counted == []
+            assert list(handle.applied.declined.values()) == [1]
+
+
+class RemembersItsModule:
+    """A processor that keeps a reference to its module (``self.attn = attn``)."""
+
+    def __call__(self, attn, hidden_states, *args, **kwargs):
+        self.attn = attn
+        return AttnProcessor2_0()(attn, hidden_states, *args, **kwargs)
+
+
+@pytest.mark.parametrize("strategy", ["sdpa", "custom-processor"])
+def test_a_processor_that_refers_to_its_module_does_not_keep_a_dropped_model_alive(strategy):
+    unet = tiny.tiny_unet()
+    if strategy == "custom-processor":
+        handle = npu_port.set_attention_strategy(strategy, target=unet, processor=RemembersItsModule)
+    else:
+        unet.set_attn_processor(RemembersItsModule())
+        handle = npu_port.set_attention_strategy(strategy, target=unet)
+    tiny.run_tiny(unet)
+    modules = [weakref.ref(m) for m in attention_modules(unet)]
+    del unet, handle
+    gc.collect()
+    assert [ref() for ref in modules] == [None] * 8
+
+
+def test_a_processor_assigned_without_set_processor_is_reported_as_not_routed(counted):
+    unet = tiny.tiny_unet()
+    with npu_port.attention_strategy(STRATEGY, target=unet) as handle:
+        module = attention_modules(unet)[0]
+        module.processor = AttnProcessor2_0()  # what diffusers' PAG pipelines do: no set_processor, no watcher
+        counted.clear()
+        tiny.run_tiny(unet)
+        assert len(counted) == 7  # that module's call went to diffusers
+        state = handle.applied.states()[0]
+        assert state.state == "kept" and "set without set_processor" in state.detail
+
+
+def test_a_copy_or_a_saved_model_with_route_hooks_does_not_route_into_the_application(counted, tmp_path):
+    unet = tiny.tiny_unet()
+    with npu_port.attention_strategy(STRATEGY, target=unet) as handle:
+        unet.set_default_attn_processor()  # kept processors: hooks on every attention module
+        twin = copy.deepcopy(unet)
+        torch.save(unet, tmp_path / "unet.pt")  # hooks are objects now: the model pickles
+        counted.clear()
+        close(tiny.run_tiny(twin), tiny.run_tiny(unet))
+        assert handle.applied.calls == {"scores": 8}  # the copy's 8 calls are not counted here: its hooks are inert
+    loaded = torch.load(tmp_path / "unet.pt", weights_only=False)
+    assert torch.equal(tiny.run_tiny(loaded), tiny.run_tiny(unet))

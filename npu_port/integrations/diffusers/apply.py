@@ -32,6 +32,7 @@ from .applied import AppliedAttention, Routing
 from .patches import PatchLease
 from .processor import RoutedAttnProcessor
 from .routing import AttentionFn, Route, install_route_hooks
+from .scores import diffusers_scores
 from .targets import attention_modules, describe_type
 from .watch import watch
 
@@ -99,8 +100,10 @@ def _install_routing(
         if isinstance(module, api.Attention):
             if type(original) is RoutedAttnProcessor:  # applied twice: stand in for the same thing again
                 spec = (original.stands_in_for, original.fused)
-            else:
+            elif type(original) is not api.AttnProcessor or diffusers_scores(module):
                 spec = standard.get(type(original))
+            # else: AttnProcessor on a module with its own get_attention_scores (attention maps): kept, so that
+            # its code runs (the scores routing declines it, and explain() says so)
         route = Route(attention_fn, name, applied.tally)
         if spec is not None:
             processor = RoutedAttnProcessor(attention_fn, spec[0], spec[1], module_name=name, tally=applied.tally)

@@ -113,25 +113,52 @@ def active_route(route: Route) -> Iterator[Route]:
         _ACTIVE.reset(token)
 
 
+class _RouteHook:
+    """A forward hook of a targeted module, as an object rather than a closure, so that a model carrying it can be
+    copied and saved: ``copy.deepcopy(model)`` and ``torch.save(model)`` (pickle) give the copy an *inert* hook (it
+    does nothing). The copy is not the model the strategy was applied to — no ``restore()`` would ever remove its
+    hooks — so it must not route into this application; our processors on it still route (see :mod:`.watch`)."""
+
+    __slots__ = ("route",)
+
+    def __init__(self, route: Optional[Route]) -> None:
+        self.route = route
+
+    def __deepcopy__(self, memo: dict) -> "_RouteHook":
+        return type(self)(None)
+
+    def __reduce__(self):
+        return (type(self), (None,))
+
+
+class _Enter(_RouteHook):
+    __slots__ = ()
+
+    def __call__(self, _module: nn.Module, _args: Any) -> None:
+        if self.route is not None:
+            _ACTIVE.set(_ACTIVE.get() + (self.route,))
+
+
+class _Leave(_RouteHook):
+    __slots__ = ()
+
+    def __call__(self, _module: nn.Module, _args: Any, _output: Any) -> None:
+        stack = _ACTIVE.get()
+        if self.route is not None and stack and stack[-1] is self.route:
+            _ACTIVE.set(stack[:-1])
+
+
 def install_route_hooks(module: nn.Module, route: Route) -> Tuple[RemovableHandle, RemovableHandle]:
     """Push ``route`` while ``module`` runs; returns the two hook handles (remove both to undo).
 
     The leaving hook is ``always_call`` (it runs when the forward raises, so a failed forward leaves no route behind)
     and ``prepend`` (with routes stacked by applying twice, the last pushed is popped first). It pops only its own
-    route: when an earlier pre-hook raised before ours ran, there is nothing of ours to pop.
+    route: when an earlier pre-hook raised before ours ran, there is nothing of ours to pop. Copies of the module get
+    inert hooks (:class:`_RouteHook`).
     """
-
-    def enter(_module: nn.Module, _args: Any) -> None:
-        _ACTIVE.set(_ACTIVE.get() + (route,))
-
-    def leave(_module: nn.Module, _args: Any, _output: Any) -> None:
-        stack = _ACTIVE.get()
-        if stack and stack[-1] is route:
-            _ACTIVE.set(stack[:-1])
-
-    entering = module.register_forward_pre_hook(enter)
+    entering = module.register_forward_pre_hook(_Enter(route))
     try:
-        leaving = module.register_forward_hook(leave, prepend=True, always_call=True)
+        leaving = module.register_forward_hook(_Leave(route), prepend=True, always_call=True)
     except BaseException:
         entering.remove()
         raise

@@ -49,7 +49,7 @@ _lock = threading.Lock()
 _REWRITES: Dict[Any, Tuple[Optional[types.FunctionType], str]] = {}
 
 
-def _diffusers_scores(attn: Any) -> bool:
+def diffusers_scores(attn: Any) -> bool:
     """Whether ``attn``'s ``get_attention_scores`` — as the processor would call it, so an override set on the
     instance counts — is diffusers' own (so the routed call computes what it would)."""
     method = getattr(attn, SCORES, None)
@@ -74,7 +74,7 @@ def attend_scores(attn: Any, query: Tensor, key: Tensor, value: Tensor, attentio
     """
     route = current_route()
     if route is not None:
-        if not _diffusers_scores(attn):
+        if not diffusers_scores(attn):
             route.decline(f"{type(attn).__name__}.{SCORES} is the project's own: its code runs, not routed")
         else:
             out = attend(attn, query, key, value, attention_mask, _routed_attention(route))
