@@ -12,6 +12,7 @@ import contextlib
 import importlib.metadata
 import os
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -25,6 +26,19 @@ from npu_port.attn.kernels.xformers import XformersKernel
 
 from .emulators import torch_npu_emulator
 from .fakes import flash_attn_fake, xformers_fake
+
+
+def pytest_configure(config):
+    """Stop at once when this checkout is not what is imported (see :mod:`tests.checkout`)."""
+    import npu_port
+    from npu_port.strategy.loader import builtin_dirs
+
+    from .checkout import ROOT, checkout_problems, guard_message
+
+    problems = checkout_problems(ROOT, Path(npu_port.__file__).parent, builtin_dirs()[0])
+    if problems:
+        raise pytest.UsageError(guard_message(ROOT, problems))
+
 
 settings.register_profile("dev", deadline=None, print_blob=True)
 # CI explores the same examples every run (no flaky reds), and a failure prints the blob to reproduce it.
