@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import npu_port
-from npu_port.cli import kernels_cmd
+from npu_port.attn.report import kernels_report
 from npu_port.cli.main import main
 
 from .conftest import emulated_torch_npu
@@ -34,7 +34,7 @@ def test_kernels_lists_every_kernel_with_one_line_each():
     assert result.returncode == 0, result.stderr
     lines = result.stdout.rstrip("\n").splitlines()
     assert lines[0].startswith(f"npu-port {npu_port.__version__} attention kernels on this machine (torch ")
-    report = kernels_cmd.kernels_report()
+    report = kernels_report()
     assert len(lines) == 1 + len(report["kernels"]) == 1 + len(npu_port.kernel_names())
     for line, entry in zip(lines[1:], report["kernels"]):
         name, status = line.split()[:2]

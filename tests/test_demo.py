@@ -107,7 +107,7 @@ def test_strategy_choices_put_auto_first_and_leave_out_what_cannot_run():
 
 def test_strategy_choices_on_this_machine_are_what_npu_port_strategies_calls_available():
     from npu_port import list_strategies
-    from npu_port.cli.strategies_cmd import strategy_entry
+    from npu_port.strategy.registry import strategy_entry
 
     choices = app.strategy_choices()
     available = [name for name in list_strategies() if strategy_entry(name)["available"]]

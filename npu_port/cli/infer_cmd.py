@@ -178,9 +178,9 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
 
     npu_options = None
     if args.profile:
-        import npu_port
+        from ..npu_setup import apply_npu_options
 
-        npu_options = npu_port.apply_npu_options(args.profile).as_dict()
+        npu_options = apply_npu_options(args.profile).as_dict()
     loaded = load_pipeline(
         args.model,
         plan.device,

@@ -4,45 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 
 def add_parser(commands: "argparse._SubParsersAction") -> None:
     parser = commands.add_parser("kernels", help="list attention kernels and why any cannot run on this machine")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("-v", "--verbose", action="store_true", help="devices, dtypes, limits and options too")
-
-
-def kernels_report() -> Dict[str, Any]:
-    """What ``npu-port kernels --json`` prints: versions and one entry per registered kernel."""
-    import torch
-
-    import npu_port
-    from npu_port.attn.kernels.base import dtype_names
-
-    entries: List[Dict[str, Any]] = []
-    for kernel in npu_port.kernels():
-        reasons = kernel.availability()
-        entries.append(
-            {
-                "name": kernel.name,
-                "available": not reasons,
-                "summary": kernel.summary,
-                "reasons": [reason.as_dict() for reason in reasons],
-                "devices": list(kernel.device_types) if kernel.device_types else ["any"],
-                "dtypes": dtype_names(kernel.dtypes).split(", "),
-                "max_head_dim": kernel.max_head_dim,
-                "supports": {
-                    "dropout": kernel.supports_dropout,
-                    "grad": kernel.supports_grad,
-                    "float_mask": kernel.supports_float_mask,
-                },
-                "options": {
-                    name: {"default": option.default, "doc": option.doc} for name, option in kernel.OPTIONS.items()
-                },
-            }
-        )
-    return {"npu_port_version": npu_port.__version__, "torch_version": torch.__version__, "kernels": entries}
 
 
 def render_text(report: Dict[str, Any], verbose: bool = False) -> str:
@@ -68,6 +36,8 @@ def render_text(report: Dict[str, Any], verbose: bool = False) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..attn.report import kernels_report  # imports torch: after the CLI checked that torch imports
+
     report = kernels_report()
     print(json.dumps(report, indent=2, default=str) if args.json else render_text(report, args.verbose))
     return 0

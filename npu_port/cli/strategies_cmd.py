@@ -30,32 +30,6 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
     parser.add_argument("--show", metavar="NAME", help="print one strategy's resolved definition")
 
 
-def strategy_entry(name: str) -> Dict[str, Any]:
-    """One row of the listing: the definition plus availability on this machine."""
-    from ..strategy.registry import get_strategy
-    from ..strategy.router import StrategyRouter
-
-    strategy = get_strategy(name)
-    entry: Dict[str, Any] = {
-        "name": strategy.name,
-        "kind": strategy.kind,
-        "description": strategy.description,
-        "select": strategy.select,
-        "candidates": list(strategy.candidates),
-        "extends": strategy.extends,
-        "source": strategy.source,
-    }
-    if strategy.is_custom_processor:
-        ready = strategy.processor is not None
-        entry["available"] = ready
-        entry["reasons"] = {} if ready else {"processor": ["give processor='package.module:Class'"]}
-        return entry
-    availability = StrategyRouter(strategy).availability()
-    entry["available"] = any(not reasons for reasons in availability.values())
-    entry["reasons"] = {name: reasons for name, reasons in availability.items() if reasons}
-    return entry
-
-
 def render(entries: List[Dict[str, Any]], searched: List[str]) -> str:
     lines: List[str] = []
     for kind, title in (("strategy", "Strategies"), ("profile", "Profiles")):
@@ -118,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     names, broken = survey()
     for entry in broken:  # one broken file is reported and skipped; the other strategies are still listed
         print(f"npu-port: warning: {entry.describe()}", file=sys.stderr)
+    from ..strategy.registry import strategy_entry
+
     entries = [strategy_entry(name) for name in names]
     if args.json:
         broken_rows = [{"name": b.name, "path": b.path, "error": str(b.error)} for b in broken]

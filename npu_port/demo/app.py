@@ -82,12 +82,11 @@ def _first_reason(entry: Dict[str, Any]) -> str:
 def strategy_choices(entries: Optional[Sequence[Dict[str, Any]]] = None) -> StrategyChoices:
     """Split the registry into what can run here and what cannot, using ``npu-port strategies``' own rows.
 
-    ``entries``: rows as :func:`npu_port.cli.strategies_cmd.strategy_entry` makes them (default: every registered
+    ``entries``: rows as :func:`npu_port.strategy.registry.strategy_entry` makes them (default: every registered
     strategy and profile, checked on this machine).
     """
     if entries is None:
-        from ..cli.strategies_cmd import strategy_entry
-        from ..strategy.registry import list_strategies
+        from ..strategy.registry import list_strategies, strategy_entry
 
         entries = [strategy_entry(name) for name in list_strategies()]
     available = [entry["name"] for entry in entries if entry["available"]]

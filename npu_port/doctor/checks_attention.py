@@ -70,7 +70,7 @@ def check_sdpa_backends(facts: Facts) -> List[Finding]:
 
 @needs_torch
 def check_attention_kernels(facts: Facts) -> List[Finding]:
-    from ..cli.kernels_cmd import kernels_report
+    from ..attn.report import kernels_report
 
     return [_kernel_finding(entry) for entry in kernels_report()["kernels"]]
 

@@ -173,14 +173,14 @@ def generate(
 
     ``deadline``: stop (:class:`~npu_port.infer.deadline.RequestTimeout`) at the first step boundary past it.
     """
-    import npu_port
+    from ..strategy.api import set_attention_strategy
 
     check_request(loaded, request)
     pipe = loaded.pipe
     _set_vae_switches(pipe.vae, request)  # both ways: the pipeline is reused across requests (the demo)
     # no writable cache folder: auto keeps its decisions in memory instead of trying the disk at every new shape
     overrides = {} if loaded.disk_cache else {"cache": False}
-    handle = npu_port.set_attention_strategy(request.strategy, target=pipe, **overrides)
+    handle = set_attention_strategy(request.strategy, target=pipe, **overrides)
     try:
         devices.synchronize(loaded.device)
         if loaded.device.type != "cpu":

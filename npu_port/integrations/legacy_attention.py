@@ -585,9 +585,9 @@ class XformersHook:
                 if find_legacy_attention(obj):
                     route.legacy = patch_legacy_attention(obj)
                 if _has_diffusers_attention(obj):
-                    import npu_port
+                    from ..strategy.api import set_attention_strategy
 
-                    route.strategy = npu_port.set_attention_strategy(strategy, target=obj)
+                    route.strategy = set_attention_strategy(strategy, target=obj)
             except BaseException:
                 route.restore()
                 raise

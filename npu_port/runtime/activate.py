@@ -167,12 +167,13 @@ def activate(
     each applied when ``pkg.mod`` is imported (at once if it already is). A failure half-way undoes what was already
     installed.
     """
-    import npu_port
-
+    from ..device.redirect import redirect_cuda
     from ..errors import NpuPortError
     from ..integrations.legacy_attention import hook_enable_xformers, is_routable_class, patch_legacy_attention
+    from ..npu_setup import apply_npu_options
     from ..shims.dropins import install_dropins, uninstall_dropins
     from ..shims.fallbacks import install_builtin_fallbacks, uninstall_builtin_fallbacks
+    from ..strategy.api import set_attention_strategy
     from .device_checks import DeviceChecks
     from .overrides import Overrides
     from .watch_imports import ImportWatcher
@@ -183,16 +184,16 @@ def activate(
     requested = overrides if isinstance(overrides, Overrides) else Overrides.parse(overrides)
     undo: List[Callable[[], None]] = []
     try:
-        options = npu_port.apply_npu_options(profile) if profile else None
+        options = apply_npu_options(profile) if profile else None
         if options is not None:
             undo.append(options.restore)
-        redirect = npu_port.redirect_cuda(device, cuda_available=cuda_available).install()
+        redirect = redirect_cuda(device, cuda_available=cuda_available).install()
         undo.append(redirect.uninstall)
         dropins = install_dropins(force=force_dropins)
         undo.append(uninstall_dropins)
         fallbacks = install_builtin_fallbacks()
         undo.append(uninstall_builtin_fallbacks)
-        handle = npu_port.set_attention_strategy(profile or strategy or "auto")
+        handle = set_attention_strategy(profile or strategy or "auto")
         undo.append(handle.restore)
         safe_math = None
         if handle.strategy.safe_math:  # the profile asks for fp32 / no TF32 (code that hits cuBLAS errors)

@@ -317,3 +317,28 @@ def _from_import_path(path: str) -> Strategy:
     if isinstance(value, type):
         return processor_strategy(value, origin=path)
     raise StrategyError(f"{path!r} is a {type(value).__name__}; expected a processor class or a Strategy")
+
+
+def strategy_entry(name: str) -> Dict[str, Any]:
+    """One row of the listing: the definition plus availability on this machine."""
+    from .router import StrategyRouter
+
+    strategy = get_strategy(name)
+    entry: Dict[str, Any] = {
+        "name": strategy.name,
+        "kind": strategy.kind,
+        "description": strategy.description,
+        "select": strategy.select,
+        "candidates": list(strategy.candidates),
+        "extends": strategy.extends,
+        "source": strategy.source,
+    }
+    if strategy.is_custom_processor:
+        ready = strategy.processor is not None
+        entry["available"] = ready
+        entry["reasons"] = {} if ready else {"processor": ["give processor='package.module:Class'"]}
+        return entry
+    availability = StrategyRouter(strategy).availability()
+    entry["available"] = any(not reasons for reasons in availability.values())
+    entry["reasons"] = {name: reasons for name, reasons in availability.items() if reasons}
+    return entry

@@ -209,7 +209,7 @@ def sdp_kernel(mapper: DeviceMapper, hit: Hit):
 
 def process_group_backend(original: Callable, mapper: DeviceMapper, hit: Hit, position: Optional[int]):
     """``init_process_group`` / ``new_group``: ``nccl`` becomes the target's backend; ``device_id`` is mapped."""
-    from ...distributed import map_backend
+    from ..distributed import map_backend
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
