@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 import torch
 from torch import Tensor
@@ -30,7 +30,7 @@ from .cache import DecisionCache, kernel_packages
 from .cast import CastKernel
 from .decision import PICKED, REFUSED, CandidateResult, Decision, bucket_key, bucket_signature
 from .measure import UNMEASURED, measure
-from .spec import Strategy
+from .spec import OPTIONS, Strategy
 
 #: Signatures whose prepared runner is kept; past this many (shapes that keep changing) the table starts over.
 MAX_PREPARED = 1024
@@ -39,30 +39,45 @@ MAX_PREPARED = 1024
 FREE_MEMORY_SHARE = 0.25
 
 
+def strategy_options_for(kernel: Union[str, Kernel, Type[Kernel]], strategy: Strategy) -> Dict[str, Any]:
+    """The kernel options a strategy's options set, as the kernel declares them (``STRATEGY_OPTIONS``): e.g.
+    ``memory_budget`` -> chunked's ``max_bytes``; a strategy option left at None sets nothing."""
+    cls = kernel if isinstance(kernel, type) else type(get_kernel(kernel))
+    options: Dict[str, Any] = {}
+    for kernel_option, source in cls.STRATEGY_OPTIONS.items():
+        if source.option not in OPTIONS:
+            raise StrategyError(
+                f"kernel {cls.name!r} maps its option {kernel_option!r} from strategy option {source.option!r}, which "
+                f"does not exist; valid strategy options: {', '.join(OPTIONS)}"
+            )
+        value = strategy.option(source.option)
+        if value is not None:
+            options[kernel_option] = source.convert(value)
+    return options
+
+
 def configured_kernels(strategy: Strategy) -> List[Kernel]:
-    """The candidate kernels with the strategy's options applied (memory budget, sdpa backends, dtype policy)."""
-    built: List[Kernel] = []
-    for name in strategy.candidates:
-        options: Dict[str, Any] = {}
-        if name == "chunked" and strategy.option("memory_budget") is not None:
-            options["max_bytes"] = strategy.option("memory_budget")
-        if name in ("chunked", "math"):
-            options["upcast"] = strategy.option("dtype_policy") == "fp32-softmax"
-        if name == "sdpa" and strategy.option("sdpa_backends") is not None:
-            options["backends"] = strategy.option("sdpa_backends")
-        options.update(strategy.kernel_options.get(name, {}))
-        kernel = get_kernel(name, **options)
-        built.append(kernel)
-    return built
+    """The candidate kernels with the strategy's options applied (each kernel's ``STRATEGY_OPTIONS``), then the
+    strategy's ``kernel_options`` for that kernel."""
+    return [
+        get_kernel(name, **{**strategy_options_for(name, strategy), **strategy.kernel_options.get(name, {})})
+        for name in strategy.candidates
+    ]
+
+
+#: The options in every fingerprint, in this order (the on-disk cache of earlier versions is keyed by it); an option
+#: a candidate kernel maps from (STRATEGY_OPTIONS) is added after these.
+FINGERPRINT_OPTIONS = ("memory_budget", "sdpa_backends", "dtype_policy", "compute_dtype", "margin")
 
 
 def fingerprint(strategy: Strategy) -> Dict[str, Any]:
     """What about a strategy changes its decisions (the disk cache is keyed by it)."""
+    names = list(FINGERPRINT_OPTIONS)
+    for kernel in strategy.candidates:
+        names += [source.option for source in type(get_kernel(kernel)).STRATEGY_OPTIONS.values()]
     return {
         "candidates": list(strategy.candidates),
-        "options": {
-            k: strategy.option(k) for k in ("memory_budget", "sdpa_backends", "dtype_policy", "compute_dtype", "margin")
-        },
+        "options": {k: strategy.option(k) for k in dict.fromkeys(names)},
         "kernel_options": {k: dict(v) for k, v in sorted(strategy.kernel_options.items())},
     }
 

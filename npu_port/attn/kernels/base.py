@@ -61,6 +61,26 @@ class Option:
     doc: str
 
 
+def _unchanged(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class FromStrategy:
+    """A kernel option that a strategy option sets: the strategy layer reads ``option`` from the strategy and, when
+    its value is not None, gives the kernel ``convert(value)``. Declared on the kernel (``STRATEGY_OPTIONS``) so that
+    the strategy layer needs no list of which kernel takes what (the kernel layer knows no strategy: ``option`` is
+    only a name here, checked against the strategy options when a strategy is built)."""
+
+    option: str
+    convert: Callable[[Any], Any] = _unchanged
+
+
+def fp32_softmax(dtype_policy: str) -> bool:
+    """The ``upcast`` option of the math-style kernels from a strategy's ``dtype_policy``."""
+    return dtype_policy == "fp32-softmax"
+
+
 class Kernel:
     """Base class of attention kernels: declared capabilities, shared reasons, options.
 
@@ -85,6 +105,21 @@ class Kernel:
     #: does): lets the unmasked fast path screen the output for NaN rather than every input (npu_port.attn.contract)
     zeros_hide_nan: ClassVar[bool] = False
     OPTIONS: ClassVar[Mapping[str, Option]] = {}
+
+    # ---- where the kernel stands among the others: every list of kernels is derived from these -------------------
+
+    #: The preference order of ``auto`` (a strategy that names no candidates) and of the default selection: higher is
+    #: tried first (ties: registration order). Built-ins: npu_fused_infer 70, npu_fusion 60, flash_attn 50,
+    #: xformers 40, sdpa 30, chunked 20, math 10; a kernel that declares nothing comes after them.
+    priority: ClassVar[int] = 0
+    #: Whether ``kernel=None`` with no strategy set tries this kernel (in priority order).
+    default_selection: ClassVar[bool] = False
+    #: Place in listings (``npu_port.kernels()``, ``npu-port kernels``): lower first; None = after every kernel that
+    #: sets one, in registration order. Built-ins: math 10, sdpa 20, chunked 30, npu_fusion 40, npu_fused_infer 50,
+    #: xformers 60, flash_attn 70 (reference first, then portable, then device-specific).
+    listing_order: ClassVar[Optional[int]] = None
+    #: Kernel option -> the strategy option that sets it (see :class:`FromStrategy`).
+    STRATEGY_OPTIONS: ClassVar[Mapping[str, FromStrategy]] = {}
 
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.OPTIONS))

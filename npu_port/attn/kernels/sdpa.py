@@ -21,7 +21,7 @@ from ...errors import KernelOptionError, KernelRuntimeError
 from ...reasons import Reason
 from ..call import AttentionCall
 from ..registry import register_kernel
-from .base import Kernel, Option, full_score_bytes, unmask_empty_rows, zero_fully_masked_rows
+from .base import FromStrategy, Kernel, Option, full_score_bytes, unmask_empty_rows, zero_fully_masked_rows
 
 #: Our backend names -> ``torch.nn.attention.SDPBackend`` member names.
 BACKENDS = {
@@ -91,6 +91,10 @@ class SdpaKernel(Kernel):
 
     name = "sdpa"
     summary = "torch.nn.functional.scaled_dot_product_attention (fused backends picked by torch), NaN-safe"
+    priority = 30
+    default_selection = True
+    listing_order = 20
+    STRATEGY_OPTIONS = {"backends": FromStrategy("sdpa_backends")}
     #: torch's CPU flash kernel treats a row whose scores are all NaN as empty and writes zeros (a NaN query row, a
     #: head whose keys are all NaN); every other NaN it reads it passes on. (Under is_causal with fewer queries than
     #: keys it never reads the keys past the last query: the router does not rely on this flag there.)
