@@ -26,6 +26,7 @@ from ..attn.registry import get_kernel
 from ..attn.select import runnable_kernels
 from ..device import free_memory_bytes
 from ..errors import KernelUnavailableError, NoKernelError, StrategyError
+from ..reasons import Reason
 from .cache import DecisionCache, kernel_packages
 from .cast import CastKernel
 from .decision import PICKED, REFUSED, CandidateResult, Decision, bucket_key, bucket_signature
@@ -118,9 +119,9 @@ class StrategyRouter:
 
     # ---- what the strategy can do here ------------------------------------------------------------------------
 
-    def availability(self) -> Dict[str, List[str]]:
+    def availability(self) -> Dict[str, List[Reason]]:
         """Candidate -> reasons it cannot run anything on this machine (empty list = available)."""
-        return {k.name: [str(r) for r in k.availability()] for k in self.kernels}
+        return {k.name: list(k.availability()) for k in self.kernels}
 
     def check_available(self) -> None:
         """Fail now, with the reasons, if no candidate can ever run here (rather than at the first forward)."""
@@ -134,7 +135,7 @@ class StrategyRouter:
 
     # ---- choosing ---------------------------------------------------------------------------------------------
 
-    def _forms(self, kernel: Kernel, call: AttentionCall) -> Tuple[Kernel, List[str]]:
+    def _forms(self, kernel: Kernel, call: AttentionCall) -> Tuple[Kernel, List[Reason]]:
         """The kernel itself, or its compute_dtype form when only the dtype stood in the way."""
         reasons = kernel.reasons(call)
         if reasons and self.compute_dtype is not None and call.dtype == torch.float32:
@@ -143,7 +144,7 @@ class StrategyRouter:
                 cast_reasons = cast.reasons(call)
                 if not cast_reasons:
                     return cast, []
-        return kernel, [str(r) for r in reasons]
+        return kernel, list(reasons)
 
     def select(self, call: AttentionCall) -> Kernel:
         """The kernel for ``call`` (raises with every reason when none can run it)."""
@@ -194,7 +195,11 @@ class StrategyRouter:
             if not reasons:
                 results.append(CandidateResult(form.name, PICKED))
                 for rest in self.kernels[len(results) :]:
-                    results.append(CandidateResult(rest.name, "not tried", ["an earlier candidate runs this call"]))
+                    results.append(
+                        CandidateResult(
+                            rest.name, "not tried", [Reason("not-tried", "an earlier candidate runs this call")]
+                        )
+                    )
                 return Decision(bucket, form.name, mode, results, source="rule")
             results.append(CandidateResult(kernel.name, REFUSED, reasons))
         if mode == "fixed":
