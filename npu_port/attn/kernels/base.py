@@ -20,6 +20,7 @@ from torch import Tensor
 from ..._optional import PackageStatus, probe
 from ...errors import KernelOptionError
 from ...reasons import Reason
+from ...settings import InvalidSetting, Setting, validate
 from ..call import AttentionCall
 from ..masks import dtype_name
 
@@ -35,7 +36,7 @@ def check_bool(name: str) -> Callable[[Any], bool]:
 
     def check(value: Any) -> bool:
         if not isinstance(value, bool):
-            raise KernelOptionError(f"option {name} must be True or False, got {value!r}")
+            raise InvalidSetting(f"option {name} must be True or False, got {value!r}")
         return value
 
     return check
@@ -46,19 +47,18 @@ def check_positive_int_or_none(name: str) -> Callable[[Any], Optional[int]]:
 
     def check(value: Any) -> Optional[int]:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise KernelOptionError(f"option {name} must be a positive int or None, got {value!r}")
+            raise InvalidSetting(f"option {name} must be a positive int or None, got {value!r}")
         return value
 
     return check
 
 
-@dataclass(frozen=True)
-class Option:
-    """A kernel option: its default, a check that returns the normalised value (or raises), and a doc line."""
+#: A kernel option: ``Option(default, check, doc)`` — a :class:`~npu_port.settings.Setting`, checked by the one
+#: settings helper; a check raises :class:`~npu_port.settings.InvalidSetting` with the whole message.
+Option = Setting
 
-    default: Any
-    check: Callable[[Any], Any]
-    doc: str
+#: How a kernel reports an option it does not have.
+UNKNOWN_OPTION = "kernel {kernel!r} has no option {name!r}; valid options: {valid}"
 
 
 def _unchanged(value: Any) -> Any:
@@ -122,14 +122,9 @@ class Kernel:
     STRATEGY_OPTIONS: ClassVar[Mapping[str, FromStrategy]] = {}
 
     def __init__(self, **options: Any) -> None:
-        unknown = sorted(set(options) - set(self.OPTIONS))
-        if unknown:
-            valid = ", ".join(self.OPTIONS) or "none"
-            raise KernelOptionError(f"kernel {self.name!r} has no option {unknown[0]!r}; valid options: {valid}")
-        values: Dict[str, Any] = {}
-        for key, option in self.OPTIONS.items():
-            values[key] = option.check(options[key]) if key in options else option.default
-        self._options = values
+        self._options = validate(
+            options, self.OPTIONS, error=KernelOptionError, unknown=UNKNOWN_OPTION, defaults=True, kernel=self.name
+        )
 
     @property
     def options(self) -> Dict[str, Any]:

@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...errors import KernelOptionError, KernelRuntimeError
+from ...errors import KernelRuntimeError
 from ...reasons import Reason
+from ...settings import InvalidSetting
 from ..call import AttentionCall
 from ..registry import register_kernel
 from .base import FromStrategy, Kernel, Option, full_score_bytes, unmask_empty_rows, zero_fully_masked_rows
@@ -46,10 +47,10 @@ def _check_backends(value: Any) -> Optional[Tuple[str, ...]]:
     try:
         names = tuple(value)
     except TypeError:
-        raise KernelOptionError(f"option backends must be a list of names, got {value!r}") from None
+        raise InvalidSetting(f"option backends must be a list of names, got {value!r}") from None
     bad = [n for n in names if n not in BACKENDS]
     if bad or not names:
-        raise KernelOptionError(
+        raise InvalidSetting(
             f"unknown SDPA backend {bad[0] if bad else '(empty list)'!r}; valid backends: {', '.join(BACKENDS)}"
         )
     return tuple(dict.fromkeys(names))
@@ -105,6 +106,7 @@ class SdpaKernel(Kernel):
             None,
             _check_backends,
             "pin SDPA to these backends via torch.nn.attention.sdpa_kernel: " + ", ".join(BACKENDS),
+            tuple(BACKENDS),
         ),
     }
 
