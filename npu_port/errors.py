@@ -107,6 +107,10 @@ class StrategyFileError(NpuPortError, ValueError):
         super().__init__(f"{path}:{line}: {message}")
 
 
+class StrategyOptionError(NpuPortError, ValueError):
+    """A strategy option that does not exist or has a value the strategy cannot use (the valid ones are named)."""
+
+
 class StrategyError(NpuPortError, ValueError):
     """A strategy that cannot be applied as asked (bad option, missing processor, unavailable kernel)."""
 
