@@ -48,6 +48,7 @@ from ..attn.masks import CanonicalMask
 from ..attn.registry import get_kernel
 from ..device import synchronize
 from ..errors import NoKernelError
+from ..reasons import Reason
 from .decision import OK, PICKED, REFUSED, REJECTED, SKIPPED, CandidateResult, Decision
 from .spec import DEFAULT_OPTIONS
 
@@ -120,9 +121,9 @@ def parity_error(kernel: Kernel, sliced: AttentionCall, reference: Tensor) -> Tu
     return error, tolerance
 
 
-def _failure(exc: Exception) -> str:
+def _failure(exc: Exception) -> Reason:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"failed: {type(exc).__name__}: {message}"
+    return Reason("failed", f"failed: {type(exc).__name__}: {message}")
 
 
 #: Decision.source of a call that could not be measured (its inputs hold NaN or inf): used once, never kept.
@@ -136,9 +137,10 @@ def _unmeasured(
     kernel's answer is not finite, no output can be checked against it, and timings on it would say nothing. The
     output still holds the NaN where SDPA's formula puts it (npu_port.attn.contract); the next call of the bucket
     is measured."""
-    why = (
+    why = Reason(
+        "unmeasured",
         "not measured: NaN or inf in query, key, value or mask, so no output can be checked against the math kernel; "
-        "this call runs on the first candidate that can run it, and the next call of this shape is measured"
+        "this call runs on the first candidate that can run it, and the next call of this shape is measured",
     )
     picked = [CandidateResult(runnable[0].name, PICKED, [why])]
     rest = [CandidateResult(kernel.name, SKIPPED, [why]) for kernel in runnable[1:]]
@@ -289,13 +291,16 @@ def measure(
     results: List[CandidateResult] = []
     runnable: List[Kernel] = []
     for kernel in candidates:
-        reasons = [str(r) for r in kernel.reasons(call)]
+        reasons = list(kernel.reasons(call))
         if not reasons and budget_bytes is not None:
             needed = kernel.score_bytes(call)
             if needed > budget_bytes:
                 reasons.append(
-                    f"would materialise {needed / 2**20:.0f} MiB of scores, over the {budget_bytes / 2**20:.0f} MiB "
-                    "memory budget"
+                    Reason(
+                        "budget",
+                        f"would materialise {needed / 2**20:.0f} MiB of scores, over the {budget_bytes / 2**20:.0f} "
+                        "MiB memory budget",
+                    )
                 )
         if reasons:
             results.append(CandidateResult(kernel.name, REFUSED, reasons))
@@ -315,14 +320,16 @@ def measure(
         for kernel in runnable:  # parity on the slice, then one run (NaN check, first time) on the real inputs
             if survivors and time.perf_counter() > deadline:
                 results.append(
-                    CandidateResult(kernel.name, SKIPPED, [f"probe time budget ({probe_seconds:g} s) spent"])
+                    CandidateResult(
+                        kernel.name, SKIPPED, [Reason("probe-time", f"probe time budget ({probe_seconds:g} s) spent")]
+                    )
                 )
                 continue
             try:
                 error, tolerance = parity_error(kernel, sliced, reference)
                 if not error <= tolerance:  # written so that a NaN error is a rejection too
                     what = "NaN or inf in the output" if error == float("inf") else f"max error {error:.2e}"
-                    why = f"disagrees with the math kernel: {what} > {tolerance:.0e}"
+                    why = Reason("parity", f"disagrees with the math kernel: {what} > {tolerance:.0e}")
                     results.append(
                         CandidateResult(
                             kernel.name,
