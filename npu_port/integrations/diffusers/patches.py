@@ -25,167 +25,23 @@ import functools
 import inspect
 import sys
 import types
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as real_functional
 
 from ... import _patching
+from ..code_names import names_used_by, names_used_by_class
 from .routing import current_route
 from .scores import rewrite_call
+from .stand_ins import ROUTED_FUNCTIONAL, SDPA, routed_dispatch, routed_scaled_dot_product_attention
 
-_SDPA = "scaled_dot_product_attention"
 _NEVER_PATCHED = ("npu_port", "torch", "diffusers.models.attention_dispatch")
 #: The keys of this module's patches in :mod:`npu_port._patching`: module globals, and processor classes' methods.
 GLOBAL_KEY = "diffusers.global"
 CLASS_KEY = "diffusers.processor"
 
 _lock = _patching.LOCK
-
-
-# ---- the stand-ins ---------------------------------------------------------------------------------------------
-
-
-def _sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    return query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
-
-
-def routed_scaled_dot_product_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` that goes to the active route inside a targeted module."""
-    route = current_route()
-    if route is None:
-        return real_functional.scaled_dot_product_attention(*args, **kwargs)
-    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = _sdpa_arguments(*args, **kwargs)
-    return route.attend("sdpa", query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-
-
-class RoutedFunctional(types.ModuleType):
-    """``torch.nn.functional`` as seen by a patched module: every name is the real one, read live on each access,
-    except ``scaled_dot_product_attention``, which is :func:`routed_scaled_dot_product_attention`."""
-
-    scaled_dot_product_attention = staticmethod(routed_scaled_dot_product_attention)
-
-    def __init__(self) -> None:
-        super().__init__(real_functional.__name__, real_functional.__doc__)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(real_functional, name)
-
-    def __dir__(self) -> List[str]:
-        return dir(real_functional)
-
-    def __repr__(self) -> str:
-        return "<torch.nn.functional with scaled_dot_product_attention routed by npu-port>"
-
-
-ROUTED_FUNCTIONAL = RoutedFunctional()
-
-
-def _dispatch_arguments(
-    query,
-    key,
-    value,
-    attn_mask=None,
-    dropout_p=0.0,
-    is_causal=False,
-    scale=None,
-    enable_gqa=False,
-    attention_kwargs=None,
-    *,
-    backend=None,
-    parallel_config=None,
-):
-    return query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, attention_kwargs, parallel_config
-
-
-def routed_dispatch(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """A ``dispatch_attention_fn`` that sends the call to the active route inside a targeted module.
-
-    diffusers' dispatcher works in ``(B, S, H, D)``; the route gets ``(B, H, S, D)`` and the result is permuted back,
-    as diffusers' native backend does; a 2-D ``(B, S_kv)`` mask becomes ``(B, 1, 1, S_kv)``, also as there. The
-    per-processor ``backend`` pin is overridden (routing is the point). Two cases stay with diffusers, counted as
-    declined: context parallelism (``parallel_config``; its ring/ulysses algorithms need diffusers' own backends)
-    and backend-specific ``attention_kwargs`` (a sliding window for flash, say), which SDPA semantics cannot carry.
-    """
-
-    @functools.wraps(original)
-    def dispatch_attention_fn(*args: Any, **kwargs: Any) -> torch.Tensor:
-        route = current_route()
-        if route is None:
-            return original(*args, **kwargs)
-        query, key, value, mask, dropout_p, is_causal, scale, gqa, extra, parallel = _dispatch_arguments(
-            *args, **kwargs
-        )
-        if parallel is not None:
-            route.decline("dispatch_attention_fn with parallel_config (context parallelism) runs diffusers' backend")
-            return original(*args, **kwargs)
-        if extra:
-            route.decline(
-                f"dispatch_attention_fn with attention_kwargs {sorted(extra)} runs diffusers' backend "
-                "(backend-specific options have no SDPA equivalent)"
-            )
-            return original(*args, **kwargs)
-        if mask is not None and mask.ndim == 2 and mask.shape[0] == query.shape[0] and mask.shape[1] == key.shape[1]:
-            mask = mask[:, None, None, :]
-        query, key, value = (t.permute(0, 2, 1, 3) for t in (query, key, value))
-        out = route.attend("dispatch", query, key, value, mask, dropout_p, is_causal, scale, gqa)
-        return out.permute(0, 2, 1, 3)
-
-    dispatch_attention_fn.__npu_port_original__ = original  # type: ignore[attr-defined]
-    return dispatch_attention_fn
-
-
-# ---- which globals to patch --------------------------------------------------------------------------------------
-
-
-def _code_names(code: types.CodeType, into: Set[str]) -> None:
-    into.update(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            _code_names(const, into)
-
-
-def _functions_of(value: Any) -> Iterable[Any]:
-    if isinstance(value, (staticmethod, classmethod)):
-        value = value.__func__
-    if isinstance(value, property):
-        return [f for f in (value.fget, value.fset, value.fdel) if f is not None]
-    return [value]
-
-
-_names_cache: Dict[Tuple[str, int], FrozenSet[str]] = {}
-
-
-def names_used_by(module: types.ModuleType) -> FrozenSet[str]:
-    """Every global/attribute name the functions and classes defined in ``module`` refer to (from bytecode)."""
-    key = (module.__name__, id(module))
-    cached = _names_cache.get(key)
-    if cached is not None:
-        return cached
-    names: Set[str] = set()
-    for value in list(vars(module).values()):
-        if isinstance(value, types.ModuleType) or getattr(value, "__module__", None) != module.__name__:
-            continue
-        members = vars(value).values() if isinstance(value, type) else (value,)
-        for member in members:
-            for fn in _functions_of(member):
-                code = getattr(fn, "__code__", None)
-                if isinstance(code, types.CodeType):
-                    _code_names(code, names)
-    result = frozenset(names)
-    _names_cache[key] = result
-    return result
-
-
-def names_used_by_class(cls: type) -> FrozenSet[str]:
-    """Names referred to by the methods ``cls`` itself defines (not its bases)."""
-    names: Set[str] = set()
-    for member in vars(cls).values():
-        for fn in _functions_of(member):
-            code = getattr(fn, "__code__", None)
-            if isinstance(code, types.CodeType):
-                _code_names(code, names)
-    return frozenset(names)
 
 
 def _patchable(module_name: str) -> bool:
@@ -305,7 +161,7 @@ class PatchLease:
 
     def _replacement_for(self, value: Any, module: types.ModuleType) -> Optional[Any]:
         if value is real_functional:
-            return ROUTED_FUNCTIONAL if _SDPA in names_used_by(module) else None
+            return ROUTED_FUNCTIONAL if SDPA in names_used_by(module) else None
         if value is real_functional.scaled_dot_product_attention:
             return routed_scaled_dot_product_attention
         if self._dispatch_original is not None and value is self._dispatch_original:
@@ -399,7 +255,7 @@ class PatchLease:
                 for (module_name, global_name), patch in self._held.items():
                     if module_name != klass.__module__ or global_name not in names:
                         continue
-                    if patch.replacement is not ROUTED_FUNCTIONAL or _SDPA in names:
+                    if patch.replacement is not ROUTED_FUNCTIONAL or SDPA in names:
                         return True
         return False
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import inspect
 import types
-from typing import Any, FrozenSet, Iterator, List, Optional, Set, Tuple
+from typing import Any, Iterator, List, Optional, Set, Tuple
 
 from torch import nn
 
 from ..attention_block import is_attention_block_class
+from ..code_names import code_names
 
 #: The legacy methods, with the parameters (after ``self``) each must have to be routed.
 ATTENTION = ("_attention", ("query", "key", "value", "attention_mask"))
@@ -31,18 +32,6 @@ ORIGINAL = "__npu_port_original__"  # set on every function npu-port installs: t
 def original_function(value: Any) -> Any:
     """The user's function behind one npu-port installed (or ``value`` itself)."""
     return getattr(value, ORIGINAL, value)
-
-
-def code_names(fn: Any) -> FrozenSet[str]:
-    """Global and attribute names a function's code (nested functions included) refers to."""
-    names: Set[str] = set()
-    stack = [getattr(fn, "__code__", None)]
-    while stack:
-        code = stack.pop()
-        if isinstance(code, types.CodeType):
-            names.update(code.co_names)
-            stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-    return frozenset(names)
 
 
 def legacy_method(cls: type, method: Tuple[str, Tuple[str, ...]]) -> Optional[types.FunctionType]:
