@@ -238,3 +238,48 @@ def test_after_round_is_told_each_round_and_how_many_candidates_started_it():
     rounds = Rounds(["a", "b", "c"], lambda name: 1.0 if name != "c" else 1 / 0, on_error=lambda *a: None)
     rounds.run(3, after_round=lambda index, started: seen.append((index, started)))
     assert seen == [(0, 3), (1, 2), (2, 2)]
+
+
+# ---- auto uses it -------------------------------------------------------------------------------------------------
+
+
+def test_auto_times_its_candidates_in_rotated_rounds_and_records_only_the_timed_ones(monkeypatch):
+    import npu_port
+    from npu_port.attn.call import AttentionCall
+    from npu_port.strategy import measure as measure_module
+    from npu_port.strategy.decision import bucket_key
+
+    gen = torch.Generator().manual_seed(0)
+    call = AttentionCall.from_arguments(*(torch.randn(1, 2, 12, 8, generator=gen) for _ in range(3)))
+    order: List[str] = []
+    real = measure_module._time_once
+
+    def scripted(kernel, call):
+        out, _ = real(kernel, call)
+        order.append(kernel.name)
+        runs = order.count(kernel.name)
+        return out, 1.0 if runs <= 2 else 1e-3 * runs  # first run and the warm-up round: 1 s, never recorded
+
+    monkeypatch.setattr(measure_module, "_time_once", scripted)
+    names = ["sdpa", "math", "chunked"]
+    decision = measure_module.measure(
+        call,
+        bucket_key(call),
+        [npu_port.get_kernel(name) for name in names],
+        budget_bytes=None,
+        warmup=2,
+        repeats=3,
+        probe_seconds=600.0,
+        parity_rows=8,
+    )
+    first_runs, rounds = order[:3], [order[i : i + 3] for i in range(3, len(order), 3)]
+    assert first_runs == names
+    assert rounds == [rotated(names, i) for i in range(4)]  # one untimed round, then three timed ones
+    expected = spread([1e-3 * 3, 1e-3 * 4, 1e-3 * 5])
+    for candidate in decision.candidates:
+        assert (candidate.runs, candidate.low_s, candidate.median_s, candidate.high_s) == (
+            3,
+            expected.low,
+            expected.median,
+            expected.high,
+        )
