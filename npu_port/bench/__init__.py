@@ -5,7 +5,7 @@ there, and why the others cannot run. The parts, one job each:
 
 - :mod:`.shapes` — the named problem sizes (the NPU guides' sequence lengths, Stable Diffusion, ControlVideo) and
   ``custom:B,H,S,D``;
-- :mod:`.settings` — the device, dtype, strategies and budget of a run, checked before any work;
+- :mod:`.choices` — the device, dtype, strategies and budget of a run, checked before any work;
 - :mod:`.reference` — a shape's seeded inputs and the float64 answer on auto's parity slice;
 - :mod:`.cells` — one (strategy, shape) cell: choose the kernel, measure its peak memory and its error against the
   reference, or record why it was refused;

@@ -27,10 +27,10 @@ from ..strategy.decision import bucket_key
 from ..strategy.measure import TOLERANCE
 from ..strategy.router import StrategyRouter
 from ..strategy.spec import Strategy
+from .choices import Settings, fresh_router, unavailable_reason
 from .memory import peak_bytes
 from .reference import Reference
 from .results import FAILED, INTERRUPTED, OK, REFUSED, UNAVAILABLE, Cell
-from .settings import Settings, fresh_router, unavailable_reason
 from .shapes import Shape
 
 GiB = 1 << 30

@@ -15,7 +15,7 @@ import torch
 from ..attn.call import AttentionCall
 from ..attn.registry import get_kernel
 from ..strategy.measure import parity_slice
-from .settings import Settings
+from .choices import Settings
 from .shapes import Shape
 
 

@@ -7,7 +7,7 @@ each per round, order rotated each round), so a burst of load on a shared machin
 instead of one a lot; last, one more call of each gives its peak memory and its error against the reference.
 
 The names a caller of the bench needs (``Settings``, ``select_strategies``, ``choose``, ...) are importable from here;
-they are defined in :mod:`.settings`, :mod:`.reference` and :mod:`.cells`.
+they are defined in :mod:`.choices`, :mod:`.reference` and :mod:`.cells`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ from ..device.timing import Rounds, timed, warm_up
 from ..strategy.spec import Strategy
 from . import BenchInterrupted
 from .cells import RunningCell, choose, finish
-from .reference import Reference, make_call, reference
-from .results import OK, BenchReport, Cell, machine_info
-from .settings import (
+from .choices import (
     BROKEN_FILE,
     DTYPES,
     Settings,
@@ -35,6 +33,8 @@ from .settings import (
     select_strategies,
     unavailable_reason,
 )
+from .reference import Reference, make_call, reference
+from .results import OK, BenchReport, Cell, machine_info
 from .shapes import Shape
 
 __all__ = [
