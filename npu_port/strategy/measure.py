@@ -32,7 +32,6 @@ than its later runs would have been. All timing goes through :func:`_time_once`.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -46,7 +45,7 @@ from ..attn.contract import finish_output
 from ..attn.kernels.base import Kernel
 from ..attn.masks import CanonicalMask
 from ..attn.registry import get_kernel
-from ..device import synchronize
+from ..device.timing import Rounds, spread, timed
 from ..errors import NoKernelError
 from ..reasons import Reason
 from .decision import OK, PICKED, REFUSED, REJECTED, SKIPPED, CandidateResult, Decision
@@ -158,11 +157,7 @@ def _time_once(kernel: Kernel, call: AttentionCall) -> Tuple[Tensor, float]:
     """One run of ``kernel`` on ``call``: its raw output and its seconds, the device synchronised before and after.
     The only clock auto reads, for the first runs and the rounds alike (so both are timed the same way, and a test
     can script the timings by replacing this one function)."""
-    synchronize(call.device)
-    start = time.perf_counter()
-    out = kernel.run(call)
-    synchronize(call.device)
-    return out, time.perf_counter() - start
+    return timed(lambda: kernel.run(call), call.device)
 
 
 def _first_run(kernel: Kernel, call: AttentionCall) -> float:
@@ -176,19 +171,17 @@ def _first_run(kernel: Kernel, call: AttentionCall) -> float:
 def _record(result: CandidateResult, samples: List[float]) -> None:
     """The median of ``samples`` and their middle half (first and third quartiles, inclusive method: for 5 runs the
     2nd and 4th fastest), which one outlier, however large, can shift only as far as a neighbouring run's time."""
-    result.median_s, result.runs = statistics.median(samples), len(samples)
-    if len(samples) > 1:
-        result.low_s, _, result.high_s = statistics.quantiles(samples, n=4, method="inclusive")
-    else:
-        result.low_s = result.high_s = samples[0]
+    summary = spread(samples)
+    result.median_s, result.runs, result.low_s, result.high_s = summary.median, summary.runs, summary.low, summary.high
 
 
 def _time_round_robin(
     survivors, call: AttentionCall, warmup: int, repeats: int, deadline: float, first: Dict[str, float]
 ) -> None:
-    """Run the survivors in rounds, one run each per round with the order rotated, so that a burst of load on a
-    shared machine slows every candidate alike instead of skewing one candidate's median: ``warmup - 1`` untimed
-    rounds (every survivor has had one run already), then up to ``repeats`` timed ones.
+    """Run the survivors in interleaved rounds (:class:`~npu_port.device.timing.Rounds`: one run each per round with
+    the order rotated, so that a burst of load on a shared machine slows every candidate alike instead of skewing one
+    candidate's median): ``warmup - 1`` untimed rounds (every survivor has had one run already), then up to
+    ``repeats`` timed ones. A survivor whose run fails is rejected and takes no further part.
 
     A round starts only if it is expected to fit before ``deadline``, so a round of big calls (a second each on a
     CPU) does not overrun the probe budget. The first round is expected to take the sum of the first runs, each capped
@@ -196,29 +189,18 @@ def _time_round_robin(
     round as long as the round before it took. A candidate that got no timed run is judged by its first run
     (``first``), which on such calls differs little from later ones.
     """
-    times: Dict[str, List[float]] = {result.kernel: [] for _, result in survivors}
     fastest = min(first.values())
-    round_cost = sum(min(seconds, FIRST_RUN_CAP * fastest) for seconds in first.values())
-    untimed = max(warmup, 1) - 1
-    for round_index in range(untimed + repeats):
-        round_start = time.perf_counter()
-        if round_start + round_cost > deadline:
-            break
-        shift = round_index % max(len(survivors), 1)
-        for kernel, result in survivors[shift:] + survivors[:shift]:
-            if result.status != OK:
-                continue
-            try:
-                _, seconds = _time_once(kernel, call)
-            except Exception as exc:
-                result.status, result.reasons = REJECTED, [_failure(exc)]
-                continue
-            if round_index >= untimed:
-                times[result.kernel].append(seconds)
-        round_cost = time.perf_counter() - round_start
-    for _, result in survivors:
+    first_round_s = sum(min(seconds, FIRST_RUN_CAP * fastest) for seconds in first.values())
+
+    def reject(survivor, exc: Exception, round_index: int) -> None:
+        result = survivor[1]
+        result.status, result.reasons = REJECTED, [_failure(exc)]
+
+    rounds = Rounds(survivors, lambda survivor: _time_once(survivor[0], call)[1], on_error=reject)
+    rounds.run(repeats, untimed=max(warmup, 1) - 1, deadline=deadline, first_round_s=first_round_s)
+    for (_, result), times in zip(survivors, rounds.samples):
         if result.status == OK:
-            _record(result, times[result.kernel] or [first[result.kernel]])
+            _record(result, times or [first[result.kernel]])
 
 
 def _ms(seconds: float) -> str:
