@@ -44,8 +44,8 @@ _LAZY: Dict[str, str] = {
     "activate": "npu_port.runtime.activate",
     "override": "npu_port.runtime.overrides",
     "patch_legacy_attention": "npu_port.integrations.legacy_attention",
-    "register_fallback": "npu_port.shims.fallbacks",
-    "unregister_fallback": "npu_port.shims.fallbacks",
+    "register_fallback": "npu_port.fallbacks.registry",
+    "unregister_fallback": "npu_port.fallbacks.registry",
     "Activation": "npu_port.runtime.activate",
     "redirect_cuda": "npu_port.device.redirect",
     "CudaRedirect": "npu_port.device.redirect",
@@ -75,11 +75,11 @@ if TYPE_CHECKING:  # static analysers see the real objects
     from .device.detect import get_device
     from .device.npu_options import NpuOptionsReport
     from .device.redirect import CudaRedirect, redirect_cuda
+    from .fallbacks.registry import register_fallback, unregister_fallback
     from .integrations.legacy_attention import patch_legacy_attention
     from .npu_setup import apply_npu_options
     from .runtime.activate import Activation, activate
     from .runtime.overrides import override
-    from .shims.fallbacks import register_fallback, unregister_fallback
     from .strategy.api import StrategyHandle, attention_strategy, set_attention_strategy
     from .strategy.registry import (
         get_strategy,

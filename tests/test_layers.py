@@ -30,7 +30,9 @@ LAYER = {
     "strategies": 3,
     "npu_setup": 3,
     "integrations": 4,
-    "shims": 4,
+    "dropins": 4,
+    "fallbacks": 4,
+    "shims": 4,  # deprecated stubs of dropins / fallbacks, for one release
     "runtime": 4,
     "bench": 5,
     "doctor": 5,
