@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Dict
 
+from . import integrations as _integrations  # noqa: F401  (registers the target appliers; no torch, no diffusers)
 from ._version import __version__
 from .errors import (
     AttentionInputError,
