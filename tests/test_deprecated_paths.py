@@ -78,3 +78,80 @@ def test_npu_ports_own_deprecation_warnings_are_errors_in_the_suite():
 
     with pytest.raises(DeprecationWarning, match="^npu_port.shims is deprecated"):
         warnings.warn(SHIMS_WARNING, DeprecationWarning, stacklevel=1)
+
+
+# ---- the top level: about 20 names; the others moved to their sub-packages ----
+
+#: Every top-level name that was public before issue 14 and moved, and its new place (the promise, written out).
+MOVED_NAMES = {
+    "AttentionCall": "npu_port.attn",
+    "get_kernel": "npu_port.attn",
+    "kernel_names": "npu_port.attn",
+    "runnable_kernels": "npu_port.attn",
+    "Strategy": "npu_port.strategy.spec",
+    "StrategyHandle": "npu_port.strategy.api",
+    "get_strategy": "npu_port.strategy.registry",
+    "load_strategy_file": "npu_port.strategy.registry",
+    "unregister_strategy": "npu_port.strategy.registry",
+    "CudaRedirect": "npu_port.device.redirect",
+    "NpuOptionsReport": "npu_port.device.npu_options",
+    "Activation": "npu_port.runtime",
+    "override": "npu_port.runtime",
+    "unregister_fallback": "npu_port.fallbacks",
+    "AttentionInputError": "npu_port.errors",
+    "DeviceError": "npu_port.errors",
+    "KernelOptionError": "npu_port.errors",
+    "KernelRuntimeError": "npu_port.errors",
+    "KernelUnavailableError": "npu_port.errors",
+    "NoKernelError": "npu_port.errors",
+    "NpuOptionError": "npu_port.errors",
+    "RedirectError": "npu_port.errors",
+    "RunError": "npu_port.errors",
+    "StrategyError": "npu_port.errors",
+    "StrategyFileError": "npu_port.errors",
+    "UnknownKernelError": "npu_port.errors",
+    "UnknownStrategyError": "npu_port.errors",
+}
+
+
+@pytest.mark.parametrize("name", sorted(MOVED_NAMES))
+def test_each_moved_top_level_name_warns_naming_its_new_place_and_gives_the_same_object(name):
+    import npu_port
+
+    new_place = MOVED_NAMES[name]
+    expected = getattr(importlib.import_module(new_place), name)
+    with pytest.warns(DeprecationWarning) as record:
+        value = getattr(npu_port, name)
+    assert value is expected
+    assert [str(w.message) for w in record] == [f"npu_port.{name} is deprecated; use {new_place}.{name}"]
+    assert record[0].filename == __file__  # points at the code that uses the old name
+    assert name not in npu_port.__all__ and name not in dir(npu_port)
+
+
+def test_a_moved_name_warns_on_every_use_and_from_import_too():
+    import npu_port
+
+    with pytest.warns(DeprecationWarning) as record:
+        npu_port.get_kernel("math")
+        npu_port.get_kernel("math")
+    assert [str(w.message) for w in record] == ["npu_port.get_kernel is deprecated; use npu_port.attn.get_kernel"] * 2
+    with pytest.warns(DeprecationWarning) as record:
+        from npu_port import StrategyError  # noqa: F401  (the import system asks twice: same message, same line)
+    assert {(str(w.message), w.filename) for w in record} == {
+        ("npu_port.StrategyError is deprecated; use npu_port.errors.StrategyError", __file__)
+    }
+
+
+def test_the_moved_table_covers_exactly_the_promised_names():
+    import npu_port
+
+    assert npu_port._MOVED == MOVED_NAMES
+    assert set(npu_port._MOVED).isdisjoint(npu_port._PUBLIC)
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    import npu_port
+
+    with pytest.raises(AttributeError) as info:
+        npu_port.get_kernels  # noqa: B018
+    assert str(info.value) == "module 'npu_port' has no attribute 'get_kernels'"
