@@ -30,7 +30,7 @@ LAYER = {
     "integrations": 4,
     "dropins": 4,
     "fallbacks": 4,
-    "shims": 4,  # deprecated stubs of dropins / fallbacks, for one release
+    "shims": 4,  # the old paths of dropins / fallbacks, deprecated (one release)
     "runtime": 4,
     "bench": 5,
     "doctor": 5,
