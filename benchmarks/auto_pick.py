@@ -8,11 +8,12 @@ Method, in one process, per shape:
 1. The candidates are the strategy's own kernels, configured as auto configures them. Each is asked for its reasons,
    refused when its score tensor would exceed auto's memory budget, and run on auto's parity slice (batch 0, up to
    2 heads, the first rows) against a float64 reference: the rest are the *correct candidates*.
-2. The correct candidates are timed *interleaved*: after a warm-up, round-robin over the kernels for ``--rounds``
-   rounds (the order rotated each round), one synchronised call each per round, median per kernel. On a small,
-   shared machine (this project's 2-core CPU) load comes and goes over seconds; timing kernels one after another lets
-   a burst land on one kernel only, interleaving spreads it over all of them. Half the rounds run before auto is
-   asked and half after, so drift between the two phases shows up in both.
+2. The correct candidates are timed *interleaved* (``npu_port.device.timing.Rounds``): after a warm-up, round-robin
+   over the kernels for ``--rounds`` rounds (the order rotated each round), one synchronised call each per round,
+   median and middle half (inclusive quartiles, as auto's) per kernel. On a small, shared machine (this project's
+   2-core CPU) load comes and goes over seconds; timing kernels one after another lets a burst land on one kernel
+   only, interleaving spreads it over all of them. Half the rounds run before auto is asked and half after, so drift
+   between the two phases shows up in both.
 3. ``--trials`` fresh routers (``cache=False``) each decide the shape; the ratio
    ``median(auto's pick) / median(fastest correct)`` is taken from step 2's numbers, not from auto's own probe.
    Pass: every trial's ratio <= ``--threshold`` (1.05).
@@ -28,10 +29,9 @@ so large shapes on slow devices stay bounded.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -40,7 +40,8 @@ import torch
 from npu_port.bench.results import machine_info
 from npu_port.bench.runner import Settings, make_call, reference, resolve_device, resolve_dtype
 from npu_port.bench.shapes import parse_shapes
-from npu_port.device import free_memory_bytes, synchronize
+from npu_port.device import free_memory_bytes
+from npu_port.device.timing import Rounds, timed
 from npu_port.strategy.measure import TOLERANCE, parity_slice
 from npu_port.strategy.registry import get_strategy
 from npu_port.strategy.router import FREE_MEMORY_SHARE, StrategyRouter
@@ -86,21 +87,6 @@ def candidates(strategy, call, ref, device) -> Dict[str, Dict[str, Any]]:
     return found
 
 
-def interleaved(kernels: Dict[str, Any], call, device, rounds: int, times: Dict[str, List[float]]) -> None:
-    """``rounds`` rounds, each running every kernel once in a rotated order; appends to ``times``."""
-    names = list(kernels)
-    start = len(next(iter(times.values()))) if times else 0
-    with torch.no_grad():
-        for r in range(start, start + rounds):
-            shift = r % len(names)
-            for name in names[shift:] + names[:shift]:
-                synchronize(device)
-                t0 = time.perf_counter()
-                kernels[name].run(call)
-                synchronize(device)
-                times.setdefault(name, []).append(time.perf_counter() - t0)
-
-
 def check_shape(strategy, shape, settings, rounds, trials, seconds, threshold) -> Dict[str, Any]:
     device = settings.device
     call = make_call(shape, settings)
@@ -114,21 +100,18 @@ def check_shape(strategy, shape, settings, rounds, trials, seconds, threshold) -
 
     # warm-up (also estimates one round's time, to cap the rounds)
     with torch.no_grad():
-        t0 = time.perf_counter()
-        for kernel in correct.values():
-            kernel.run(call)
-        synchronize(device)
-        round_s = time.perf_counter() - t0
+        _, round_s = timed(lambda: [kernel.run(call) for kernel in correct.values()], device)
     rounds = max(3, min(rounds, int(seconds / max(round_s, 1e-9))))
-    times: Dict[str, List[float]] = {}
-    interleaved(correct, call, device, rounds - rounds // 2, times)
+    # interleaved: one synchronised run of each kernel per round, the order rotated each round
+    timing = Rounds(list(correct.values()), lambda kernel: timed(functools.partial(kernel.run, call), device)[1])
+    with torch.no_grad():
+        timing.run(rounds - rounds // 2)
 
     for _ in range(trials):
         router = StrategyRouter(strategy.with_overrides(cache=False))
         with torch.no_grad():
-            t0 = time.perf_counter()
-            pick = router.select(call).name
-            probe_s = time.perf_counter() - t0
+            picked, probe_s = timed(functools.partial(router.select, call), device)
+        pick = picked.name
         decision = next(iter(router.decisions.values()))
         row["trials"].append(
             {
@@ -140,16 +123,19 @@ def check_shape(strategy, shape, settings, rounds, trials, seconds, threshold) -
         )
         del router
 
-    interleaved(correct, call, device, rounds // 2, times)
+    with torch.no_grad():
+        timing.run(rounds // 2)
 
-    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    spreads = dict(zip(correct, timing.spreads()))
+    medians = {name: summary.median for name, summary in spreads.items()}
     fastest = min(medians, key=medians.get)
     for name, entry in found.items():
         out = {k: v for k, v in entry.items() if k != "kernel"}
-        if name in medians:
-            ts = sorted(times[name])
-            q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [ts[0]] * 3
-            out.update(median_ms=medians[name] * 1e3, p25_ms=q[0] * 1e3, p75_ms=q[2] * 1e3, runs=len(ts))
+        if name in spreads:
+            summary = spreads[name]
+            out.update(
+                median_ms=summary.median * 1e3, p25_ms=summary.low * 1e3, p75_ms=summary.high * 1e3, runs=summary.runs
+            )
         row["candidates"][name] = out
     for trial in row["trials"]:
         trial["ratio"] = medians[trial["pick"]] / medians[fastest] if trial["pick"] in medians else None

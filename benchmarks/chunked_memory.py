@@ -31,10 +31,11 @@ from pathlib import Path
 MiB = 1 << 20
 
 CHILD = r"""
-import json, resource, sys, time
+import json, resource, sys
 import torch
 import npu_port
 from npu_port.attn import AttentionCall, get_kernel
+from npu_port.device.timing import timed
 
 spec = json.loads(sys.argv[1])
 torch.manual_seed(0)
@@ -69,11 +70,7 @@ with torch.no_grad():
         accel.synchronize(); accel.reset_peak_memory_stats(); before = accel.memory_allocated()
     else:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    start = time.perf_counter()
-    out = run(query, key, value)
-    if accel is not None:
-        accel.synchronize()
-    seconds = time.perf_counter() - start
+    out, seconds = timed(lambda: run(query, key, value), device)  # device-synchronised before and after
     if accel is not None:
         peak = accel.max_memory_allocated() - before
     else:

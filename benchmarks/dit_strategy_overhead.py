@@ -15,25 +15,18 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
-import time
 from datetime import datetime, timezone
 
 import torch
 
 import npu_port
 from npu_port.device import device_name
+from npu_port.device.timing import Rounds, timed
 from npu_port.integrations.diffusers.tiny import run_tiny_pipeline, tiny_dit_pipeline
 
 TARGET_RATIO = 1.02
-
-
-def _timed(pipe, steps: int) -> float:
-    start = time.perf_counter()
-    run_tiny_pipeline(pipe, steps=steps)
-    return time.perf_counter() - start
 
 
 def main(argv=None) -> int:
@@ -53,19 +46,14 @@ def main(argv=None) -> int:
         reference = run_tiny_pipeline(original, steps=args.steps)
         ours = run_tiny_pipeline(ported, steps=args.steps)
         max_diff = float((reference - ours).abs().max())
-        for _ in range(args.warmup):
-            _timed(original, args.steps)
-            _timed(ported, args.steps)
-        times = {"AttnProcessor2_0": [], "npu-port sdpa": []}
-        for round_index in range(args.rounds):
-            order = [("AttnProcessor2_0", original), ("npu-port sdpa", ported)]
-            for label, pipe in order if round_index % 2 == 0 else reversed(order):
-                times[label].append(_timed(pipe, args.steps))
+        pipes = {"AttnProcessor2_0": original, "npu-port sdpa": ported}
+        rounds = Rounds(list(pipes.values()), lambda pipe: timed(lambda: run_tiny_pipeline(pipe, steps=args.steps))[1])
+        rounds.run(args.rounds, untimed=args.warmup)  # alternating: the order swaps every round
         calls = handle.calls
     finally:
         handle.restore()
 
-    medians = {label: statistics.median(values) for label, values in times.items()}
+    medians = {label: summary.median for label, summary in zip(pipes, rounds.spreads())}
     ratio = medians["npu-port sdpa"] / medians["AttnProcessor2_0"]
     result = {
         "benchmark": "dit_strategy_overhead",

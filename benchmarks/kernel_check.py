@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
 import sys
-import time
 from typing import Dict, List
 
 import torch
@@ -26,6 +24,7 @@ import torch
 import npu_port
 from npu_port import masks
 from npu_port.attn import AttentionCall
+from npu_port.device.timing import repeat, spread
 
 #: name -> (batch, heads, kv_heads, q_len, key_len, head_dim, causal, mask kind)
 CASES: Dict[str, tuple] = {
@@ -37,13 +36,6 @@ CASES: Dict[str, tuple] = {
 }
 #: Largest difference from the float64 reference accepted per dtype (outputs are O(1)).
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
-
-
-def _synchronize(device: torch.device) -> None:
-    module = getattr(torch, device.type, None)
-    sync = getattr(module, "synchronize", None)
-    if callable(sync):
-        sync()
 
 
 def _inputs(case: tuple, dtype: torch.dtype, device: torch.device):
@@ -63,18 +55,6 @@ def _inputs(case: tuple, dtype: torch.dtype, device: torch.device):
         mask[..., ::7, :] = False
     tensors = [t.to(device=device, dtype=dtype) for t in (query, key, value)]
     return tensors, (mask.to(device) if mask is not None else None), causal, heads != kv_heads
-
-
-def _time(fn, device: torch.device, repeats: int) -> float:
-    fn()
-    _synchronize(device)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        _synchronize(device)
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def check(device: torch.device, dtypes: List[torch.dtype], repeats: int) -> List[dict]:
@@ -105,11 +85,8 @@ def check(device: torch.device, dtypes: List[torch.dtype], repeats: int) -> List
                         row["max_abs_diff"] = (out.cpu().double() - reference).abs().max().item()
                         row["nan"] = bool(torch.isnan(out).any())
                         row["ok"] = not row["nan"] and row["max_abs_diff"] <= TOLERANCE[dtype]
-                        row["seconds"] = _time(
-                            functools.partial(npu_port.attention, query, key, value, mask, kernel=kernel, **kwargs),
-                            device,
-                            repeats,
-                        )
+                        run = functools.partial(npu_port.attention, query, key, value, mask, kernel=kernel, **kwargs)
+                        row["seconds"] = spread(repeat(run, device, repeats, warmup=1)).median
                     except Exception as exc:  # a kernel that breaks on this device is a finding, not a crash
                         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
                         row["ok"] = False

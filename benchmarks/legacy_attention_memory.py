@@ -56,11 +56,11 @@ def _load_fixture():
 def child(spec: dict) -> dict:
     """One measured run (in its own process): ``spec["strategy"]`` is a strategy name, or ``legacy`` (unpatched)."""
     import resource
-    import time
 
     import torch
 
     import npu_port
+    from npu_port.device.timing import timed
     from npu_port.integrations.legacy_attention import patch_legacy_attention
 
     cls = _load_fixture().LegacyCrossAttention
@@ -82,14 +82,10 @@ def child(spec: dict) -> dict:
     with torch.no_grad():
         module._attention(*(t[:, :WARMUP_TOKENS] for t in (query, key, value)))  # load kernels outside the measurement
         before = maxrss()
-        start = time.perf_counter()
-        out = module._attention(query, key, value)
-        row["seconds"] = time.perf_counter() - start
+        out, row["seconds"] = timed(lambda: module._attention(query, key, value), "cpu")
         row["extra_peak_bytes"] = maxrss() - before
         if spec["strategy"] == "auto":
-            start = time.perf_counter()
-            module._attention(query, key, value)
-            row["seconds_second_call"] = time.perf_counter() - start
+            _, row["seconds_second_call"] = timed(lambda: module._attention(query, key, value), "cpu")
         if handle is not None:
             row["resolved"] = handle.name
             row["calls"] = handle.calls

@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import runpy
-import statistics
 import subprocess
 import sys
 import warnings
@@ -61,13 +60,17 @@ def main(argv=None) -> int:
         return 0
 
     from npu_port.bench.results import machine_info
+    from npu_port.device.timing import Rounds
 
     runs = {variant: [] for variant in LOOPS}
-    for round_index in range(args.rounds):
-        order = list(LOOPS) if round_index % 2 == 0 else list(reversed(LOOPS))
-        for variant in order:
-            runs[variant].append(_run(variant, args.steps))
-    medians = {variant: statistics.median(run["seconds"] for run in results) for variant, results in runs.items()}
+
+    def one_process(variant: str) -> float:
+        runs[variant].append(_run(variant, args.steps))
+        return runs[variant][-1]["seconds"]  # the loop's own time, taken in the child
+
+    rounds = Rounds(list(LOOPS), one_process)
+    rounds.run(args.rounds)  # alternating: the order swaps every round
+    medians = {variant: summary.median for variant, summary in zip(LOOPS, rounds.spreads())}
     ratio = medians["cuda-written, redirected"] / medians["cpu-written"]
     losses = {variant: {run["final_loss"] for run in results} for variant, results in runs.items()}
     same_outputs = len(losses["cpu-written"] | losses["cuda-written, redirected"]) == 1

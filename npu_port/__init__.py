@@ -37,7 +37,7 @@ _PUBLIC: Dict[str, str] = {
     "redirect_cuda": "npu_port.device.redirect",
     "apply_npu_options": "npu_port.npu_setup",
     "activate": "npu_port.runtime.activate",
-    "patch_legacy_attention": "npu_port.integrations.legacy_attention",
+    "patch_legacy_attention": "npu_port.integrations.legacy_attention.patch",
     "register_fallback": "npu_port.fallbacks.registry",
     "NpuPortError": "npu_port.errors",
     "Reason": "npu_port.reasons",

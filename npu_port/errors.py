@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
+from .reasons import Reason, as_reason
+
 #: The exit status of a command stopped with Ctrl-C (SIGINT: 128 + 2), as a shell reports it — for every command and
 #: for ``npu-port run``'s report of a script stopped that way.
 EXIT_ON_CTRL_C = 130
@@ -38,13 +40,14 @@ class KernelOptionError(NpuPortError, ValueError):
 class KernelUnavailableError(NpuPortError, RuntimeError):
     """A kernel that was asked for by name cannot run this call.
 
-    ``reasons`` lists why (each a :class:`~npu_port.reasons.Reason`); ``runnable`` names the registered
-    kernels that could run the same call, so the message always points somewhere.
+    ``reasons`` lists why (each a :class:`~npu_port.reasons.Reason`, its ``code`` for programs; ``codes`` lists
+    them); ``runnable`` names the registered kernels that could run the same call, so the message always points
+    somewhere.
     """
 
     def __init__(self, kernel: str, call_description: str, reasons: Sequence[str], runnable: Sequence[str]):
         self.kernel = kernel
-        self.reasons: List[str] = list(reasons)
+        self.reasons: List[Reason] = [as_reason(reason) for reason in reasons]
         self.runnable: List[str] = list(runnable)
         lines = [f"attention kernel {kernel!r} cannot run this call ({call_description}):"]
         lines += [f"  - {reason}" for reason in self.reasons]
@@ -54,17 +57,28 @@ class KernelUnavailableError(NpuPortError, RuntimeError):
             lines.append("no registered kernel can run it")
         super().__init__("\n".join(lines))
 
+    @property
+    def codes(self) -> List[str]:
+        """The reasons' codes, in order (``["dtype", "head-dim"]``)."""
+        return [reason.code for reason in self.reasons]
+
 
 class NoKernelError(NpuPortError, RuntimeError):
-    """No kernel in the order being tried can run the call; every kernel's reasons are listed, xformers-style."""
+    """No kernel in the order being tried can run the call; every kernel's reasons are listed, xformers-style
+    (``reasons``: kernel -> its :class:`~npu_port.reasons.Reason` list; ``codes``: kernel -> their codes)."""
 
     def __init__(self, call_description: str, reasons: Dict[str, Sequence[str]]):
-        self.reasons: Dict[str, List[str]] = {name: list(r) for name, r in reasons.items()}
+        self.reasons: Dict[str, List[Reason]] = {name: [as_reason(x) for x in r] for name, r in reasons.items()}
         lines = [f"no attention kernel can run this call ({call_description}):"]
         for name, kernel_reasons in self.reasons.items():
             lines.append(f"  {name}:")
             lines += [f"    - {reason}" for reason in kernel_reasons]
         super().__init__("\n".join(lines))
+
+    @property
+    def codes(self) -> Dict[str, List[str]]:
+        """Each kernel's reason codes, in order."""
+        return {name: [reason.code for reason in reasons] for name, reasons in self.reasons.items()}
 
 
 class KernelRuntimeError(NpuPortError, RuntimeError):
@@ -91,6 +105,10 @@ class StrategyFileError(NpuPortError, ValueError):
         self.path = path
         self.line = line
         super().__init__(f"{path}:{line}: {message}")
+
+
+class StrategyOptionError(NpuPortError, ValueError):
+    """A strategy option that does not exist or has a value the strategy cannot use (the valid ones are named)."""
 
 
 class StrategyError(NpuPortError, ValueError):

@@ -9,8 +9,12 @@ depends on nothing else in npu-port, so the attention core and the device layer 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 _CODE = re.compile(r"^[a-z][a-z0-9-]*$")
+
+#: The code of a reason that was recorded without one (an auto cache entry written before codes were kept).
+UNKNOWN = "unknown"
 
 
 class Reason(str):
@@ -34,3 +38,9 @@ class Reason(str):
 
     def as_dict(self) -> dict:
         return {"code": self.code, "message": str(self)}
+
+
+def as_reason(value: Any, code: str = UNKNOWN) -> Reason:
+    """``value`` itself if it is a :class:`Reason`, else its text with ``code`` — so that everything that collects
+    reasons (errors, decisions) holds Reasons with codes, whatever a third-party kernel returned."""
+    return value if isinstance(value, Reason) else Reason(code, str(value))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from npu_port import atomic
-from npu_port.bench import runner
+from npu_port.bench import cells, runner
 from npu_port.bench.results import INTERRUPTED, OK
 from npu_port.cli.main import main
 
@@ -45,7 +45,7 @@ def bench_argv(out: Path):
 
 def interrupt_at_call(monkeypatch, number: int) -> None:
     """Make the ``number``-th kernel call of the bench raise KeyboardInterrupt, as Ctrl-C would there."""
-    original = runner._Running.once
+    original = cells.RunningCell.once
     count = {"calls": 0}
 
     def once(self, call):
@@ -54,7 +54,7 @@ def interrupt_at_call(monkeypatch, number: int) -> None:
             raise KeyboardInterrupt
         return original(self, call)
 
-    monkeypatch.setattr(runner._Running, "once", once)
+    monkeypatch.setattr(cells.RunningCell, "once", once)
 
 
 def read_csv(path: Path):
@@ -163,11 +163,11 @@ def test_ctrl_c_before_measuring_says_nothing_was_written(monkeypatch, capsys):
 CHILD = """
 import sys
 from pathlib import Path
-from npu_port.bench import runner
+from npu_port.bench.cells import RunningCell
 from npu_port.cli.main import main
 
 ready, first_of_second_shape = Path(sys.argv[1]), int(sys.argv[2])
-original = runner._Running.once
+original = RunningCell.once
 calls = [0]
 
 def once(self, call):
@@ -176,7 +176,7 @@ def once(self, call):
         ready.touch()
     return original(self, call)
 
-runner._Running.once = once
+RunningCell.once = once
 sys.exit(main(sys.argv[3:]))
 """
 

@@ -23,7 +23,9 @@ import pytest
 import torch
 
 from npu_port._optional import extra_hint
-from npu_port.demo import app
+from npu_port.demo import app, formatting
+from npu_port.demo import choices as demo_choices
+from npu_port.demo import form as demo_form
 from npu_port.errors import InferenceError
 from npu_port.infer import GenerationRequest, compare_strategies, generate, load_pipeline
 from npu_port.infer.compare import Comparison
@@ -34,7 +36,7 @@ from . import nan_attention
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gradio_demo_npu.py"
-CHOICES = app.StrategyChoices(
+CHOICES = demo_choices.StrategyChoices(
     ["auto", "chunked", "sdpa", "vanilla", "cpu-fallback"], {"flash": "flash_attn: flash_attn is not installed"}
 )
 
@@ -95,21 +97,21 @@ def test_strategy_choices_put_auto_first_and_leave_out_what_cannot_run():
         {"name": "custom-processor", "available": False, "reasons": {}},
         {"name": "sdpa", "available": True, "reasons": {}},
     ]
-    choices = app.strategy_choices(entries)
+    choices = demo_choices.strategy_choices(entries)
     assert choices.names == ["auto", "chunked", "sdpa"]
     assert choices.unavailable == {
         "flash": "flash_attn: flash_attn is not installed",
         "custom-processor": "no kernel of it can run here",
     }
     assert choices.compare_default() == ["sdpa", "auto"]
-    assert "- `flash`: flash\\_attn: flash\\_attn is not installed" in app.unavailable_markdown(choices)
+    assert "- `flash`: flash\\_attn: flash\\_attn is not installed" in formatting.unavailable_markdown(choices)
 
 
 def test_strategy_choices_on_this_machine_are_what_npu_port_strategies_calls_available():
     from npu_port import list_strategies
     from npu_port.strategy.registry import strategy_entry
 
-    choices = app.strategy_choices()
+    choices = demo_choices.strategy_choices()
     available = [name for name in list_strategies() if strategy_entry(name)["available"]]
     assert choices.names[0] == "auto" and sorted(choices.names) == sorted(available)
     assert {"vanilla", "sdpa", "chunked"} <= set(choices.names)
@@ -119,42 +121,42 @@ def test_strategy_choices_on_this_machine_are_what_npu_port_strategies_calls_ava
 
 
 def test_check_strategy_names_the_choices():
-    assert app.check_strategy("sdpa", CHOICES) == "sdpa"
+    assert demo_choices.check_strategy("sdpa", CHOICES) == "sdpa"
     with pytest.raises(InferenceError, match=r"^unknown strategy 'nope'; choose one of: auto, chunked, sdpa"):
-        app.check_strategy("nope", CHOICES)
+        demo_choices.check_strategy("nope", CHOICES)
     with pytest.raises(InferenceError, match=r"strategy 'flash' cannot run here \(flash_attn: flash_attn is not"):
-        app.check_strategy("flash", CHOICES)
+        demo_choices.check_strategy("flash", CHOICES)
 
 
 def test_compare_order_runs_vanilla_first_then_the_pickers_order():
-    assert app.compare_order(["sdpa", "auto", "vanilla"], CHOICES) == ["vanilla", "auto", "sdpa"]
-    assert app.compare_order(["sdpa", "chunked"], CHOICES) == ["chunked", "sdpa"]
+    assert demo_choices.compare_order(["sdpa", "auto", "vanilla"], CHOICES) == ["vanilla", "auto", "sdpa"]
+    assert demo_choices.compare_order(["sdpa", "chunked"], CHOICES) == ["chunked", "sdpa"]
     with pytest.raises(InferenceError, match=r"^pick at least two strategies to compare \(got 1: sdpa\)$"):
-        app.compare_order(["sdpa"], CHOICES)
+        demo_choices.compare_order(["sdpa"], CHOICES)
     with pytest.raises(InferenceError, match=r"got none"):
-        app.compare_order(None, CHOICES)
+        demo_choices.compare_order(None, CHOICES)
     with pytest.raises(InferenceError, match="cannot run here"):
-        app.compare_order(["sdpa", "flash"], CHOICES)
+        demo_choices.compare_order(["sdpa", "flash"], CHOICES)
 
 
 # ------------------------------------------------------------------------------------------- requests
 
 
 def test_whole_number_accepts_what_gr_number_sends_and_names_the_field():
-    assert app.whole_number("steps", 12.0) == 12 and app.whole_number("steps", "7") == 7
-    assert app.whole_number("height", None, optional=True) is None
+    assert demo_form.whole_number("steps", 12.0) == 12 and demo_form.whole_number("steps", "7") == 7
+    assert demo_form.whole_number("height", None, optional=True) is None
     with pytest.raises(InferenceError, match=r"^seed is empty; give a whole number$"):
-        app.whole_number("seed", None)
+        demo_form.whole_number("seed", None)
     with pytest.raises(InferenceError, match=r"^height must be a whole number, got 64\.5$"):
-        app.whole_number("height", 64.5)
+        demo_form.whole_number("height", 64.5)
     with pytest.raises(InferenceError, match=r"^width must be a whole number, got 'big'$"):
-        app.whole_number("width", "big")
+        demo_form.whole_number("width", "big")
     with pytest.raises(InferenceError, match="whole number"):
-        app.whole_number("seed", float("nan"))
+        demo_form.whole_number("seed", float("nan"))
 
 
 def test_make_request_from_the_text_to_image_form(tiny):
-    request = app.make_request(tiny, choices=CHOICES, **form(seed=7.0, negative_prompt=""))
+    request = demo_form.make_request(tiny, choices=CHOICES, **form(seed=7.0, negative_prompt=""))
     assert request == GenerationRequest(
         prompt="a red fox",
         negative_prompt=None,
@@ -165,7 +167,9 @@ def test_make_request_from_the_text_to_image_form(tiny):
         guidance_scale=4.0,
         strategy="sdpa",
     )
-    assert app.make_request(tiny, choices=CHOICES, **form(height=None, width=None)).height is None  # model default
+    assert (
+        demo_form.make_request(tiny, choices=CHOICES, **form(height=None, width=None)).height is None
+    )  # model default
 
 
 @pytest.mark.parametrize(
@@ -175,7 +179,7 @@ def test_make_request_from_the_text_to_image_form(tiny):
 )
 def test_out_of_range_requests_get_check_requests_own_message(tiny, fields):
     with pytest.raises(InferenceError) as caught:
-        app.make_request(tiny, choices=CHOICES, **form(**fields))
+        demo_form.make_request(tiny, choices=CHOICES, **form(**fields))
     assert str(caught.value) == refusal(tiny, **fields)
 
 
@@ -184,10 +188,10 @@ def test_the_demos_tighter_bounds_use_the_same_wording(tiny):
     with pytest.raises(
         InferenceError, match=r"^height must be a multiple of 2 between 2 and 64 for this model, got 128$"
     ):
-        app.make_request(tiny, choices=CHOICES, **form(height=128), **bounds)
+        demo_form.make_request(tiny, choices=CHOICES, **form(height=128), **bounds)
     with pytest.raises(InferenceError, match=r"^steps must be between 1 and 20, got 21$"):
-        app.make_request(tiny, choices=CHOICES, **form(steps=21), **bounds)
-    assert app.make_request(tiny, choices=CHOICES, **form(height=64, steps=20), **bounds).steps == 20
+        demo_form.make_request(tiny, choices=CHOICES, **form(steps=21), **bounds)
+    assert demo_form.make_request(tiny, choices=CHOICES, **form(height=64, steps=20), **bounds).steps == 20
 
 
 def test_the_tiny_models_limits_keep_a_request_cheap_and_the_flags_only_lower_them(tiny, tiny_dit):
@@ -199,17 +203,19 @@ def test_the_tiny_models_limits_keep_a_request_cheap_and_the_flags_only_lower_th
         ({"steps": 200}, r"^steps must be between 1 and 50, got 200$"),
     ):
         with pytest.raises(InferenceError, match=message):
-            app.make_request(tiny, choices=CHOICES, **form(**fields))
-    assert app.make_request(tiny, choices=CHOICES, **form(height=128, width=128, steps=50)).height == 128
+            demo_form.make_request(tiny, choices=CHOICES, **form(**fields))
+    assert demo_form.make_request(tiny, choices=CHOICES, **form(height=128, width=128, steps=50)).height == 128
     with pytest.raises(
         InferenceError, match=r"^--max-side must be between 2 and 128 for this model \(built-in tiny model\), got 256$"
     ):
-        app.make_request(tiny, choices=CHOICES, **form(), max_side=256)
+        demo_form.make_request(tiny, choices=CHOICES, **form(), max_side=256)
     with pytest.raises(
         InferenceError, match=r"^--max-steps must be between 1 and 50 for this model \(built-in tiny model\), got 51$"
     ):
-        app.demo_limits(tiny, max_steps=51)
-    assert app.demo_limits(tiny, max_side=96, max_steps=5) == dataclasses.replace(tiny.limits, max_side=96, max_steps=5)
+        demo_form.demo_limits(tiny, max_steps=51)
+    assert demo_form.demo_limits(tiny, max_side=96, max_steps=5) == dataclasses.replace(
+        tiny.limits, max_side=96, max_steps=5
+    )
 
 
 @pytest.mark.parametrize(
@@ -224,70 +230,72 @@ def test_the_tiny_models_limits_keep_a_request_cheap_and_the_flags_only_lower_th
 )
 def test_other_bad_input_is_refused_with_a_message(tiny, fields, message):
     with pytest.raises(InferenceError, match=message):
-        app.make_request(tiny, choices=CHOICES, **form(**fields))
+        demo_form.make_request(tiny, choices=CHOICES, **form(**fields))
 
 
 def test_class_conditional_requests(tiny_dit):
     values = dict(steps=2, seed=0, class_label=3.0, strategy="auto", choices=CHOICES)
-    request = app.make_request(tiny_dit, **values)
+    request = demo_form.make_request(tiny_dit, **values)
     assert (request.class_label, request.height, request.width) == (3, None, None)
     with pytest.raises(InferenceError) as caught:
-        app.make_request(tiny_dit, **{**values, "class_label": 1000})
+        demo_form.make_request(tiny_dit, **{**values, "class_label": 1000})
     assert (
         str(caught.value)
         == refusal(tiny_dit, class_label=1000)
         == "class must be between 0 and 999 for this model, got 1000"
     )
-    assert app.default_size(tiny_dit) == tiny_dit.native_size == 16
+    assert demo_form.default_size(tiny_dit) == tiny_dit.native_size == 16
 
 
 # ------------------------------------------------------------------------------------------- formatting
 
 
 def test_header_names_the_device_and_dtype_and_warns_about_random_weights(tiny):
-    line = app.device_line(tiny)
+    line = formatting.device_line(tiny)
     assert line.startswith("cpu: ") and line.endswith(f"({torch.get_num_threads()} threads), float32")
-    header = app.header_markdown(tiny, app.demo_limits(tiny, max_side=96, max_steps=20), request_timeout=45)
+    header = formatting.header_markdown(
+        tiny, demo_form.demo_limits(tiny, max_side=96, max_steps=20), request_timeout=45
+    )
     assert "`tiny` (text-to-image; sides up to 96; up to 20 steps)" in header and "queue" in header
     assert header.endswith("a request stops after 45 s")
-    assert "Random weights" in app.random_weights_note(tiny)
-    assert app.random_weights_note(dataclasses.replace(tiny, random_weights=False)) is None
-    assert app.default_size(tiny) == 64
+    assert "Random weights" in formatting.random_weights_note(tiny)
+    assert formatting.random_weights_note(dataclasses.replace(tiny, random_weights=False)) is None
+    assert demo_form.default_size(tiny) == 64
 
 
 def test_format_result_gives_times_the_resolved_strategy_and_memory(tiny):
     result = generate(tiny, GenerationRequest(steps=3, strategy="sdpa"))
-    text = app.format_result(result)
+    text = formatting.format_result(result)
     assert "**Strategy:** `sdpa` → resolved **`sdpa`**" in text
     assert re.search(r"- first step: \d+\.\d{3} s", text)
     assert re.search(r"- median step: \d+\.\d ms \(of the steps after the first; 3 steps in all\)", text)
     assert re.search(r"- total: \d+\.\d{3} s", text) and re.search(r"- peak memory: \d+ MiB \(", text)
     assert "- image: 64×64" in text
-    one_step = app.format_result(generate(tiny, GenerationRequest(steps=1, strategy="vanilla")))
+    one_step = formatting.format_result(generate(tiny, GenerationRequest(steps=1, strategy="vanilla")))
     assert "median step: one step only" in one_step
 
 
 def test_comparison_table_gallery_and_verdict(tiny):
     comparison = compare_strategies(tiny, GenerationRequest(steps=2), ["vanilla", "sdpa"])
-    rows = app.comparison_rows(comparison)
+    rows = formatting.comparison_rows(comparison)
     assert [row[0] for row in rows] == ["vanilla", "sdpa"]
     assert rows[0][4:] == ["0.00e+00", "inf"]
     assert rows[1][5] == "inf" or rows[1][5].endswith(" dB")
-    text = app.format_comparison(comparison)
+    text = formatting.format_comparison(comparison)
     assert text.startswith("**✔ all within 0.002 of vanilla**")
     assert "| strategy | resolved | total | median step | max \\|diff\\| | PSNR |" in text
-    items = app.gallery_items(comparison)
+    items = formatting.gallery_items(comparison)
     assert [caption.split(" → ")[0] for _, caption in items] == ["vanilla", "sdpa"]
     assert items[0][0].size == (64, 64)
 
     diverged = Comparison(comparison.results, {"vanilla": 0.0, "sdpa": 0.5}, {"vanilla": np.inf, "sdpa": 6.0}, 2e-3)
-    assert app.verdict(diverged) == "✘ DIVERGED beyond 0.002 from vanilla: sdpa"
+    assert formatting.verdict(diverged) == "✘ DIVERGED beyond 0.002 from vanilla: sdpa"
 
 
 def test_error_markdown_shows_the_whole_message():
-    text = app.error_markdown(InferenceError("height must be a multiple of 8, got 4096"))
+    text = formatting.error_markdown(InferenceError("height must be a multiple of 8, got 4096"))
     assert text == "✘ **Not run:** height must be a multiple of 8, got 4096"
-    text = app.error_markdown(RuntimeError("kernel *npu* failed:\n  - head dim 1024 > 768"), refused=False)
+    text = formatting.error_markdown(RuntimeError("kernel *npu* failed:\n  - head dim 1024 > 768"), refused=False)
     assert text.startswith("✘ **Failed (RuntimeError):** kernel \\*npu\\* failed:")
     assert text.endswith("```\n  - head dim 1024 > 768\n```")
 
@@ -302,7 +310,7 @@ def _components(demo):
 @pytest.mark.slow
 def test_build_demo_shows_the_inputs_of_the_loaded_model(tiny, tiny_dit):
     pytest.importorskip("gradio")
-    choices = app.strategy_choices()
+    choices = demo_choices.strategy_choices()
     components = _components(app.build_demo(tiny, choices=choices, max_steps=30, strategy="sdpa"))
     assert {"prompt", "height", "width", "steps", "seed", "strategy", "generate", "image", "compare", "gallery"} <= set(
         components
@@ -415,7 +423,7 @@ def test_a_request_over_the_time_limit_stops_with_a_message_and_frees_the_slot(t
 def test_a_non_finite_image_is_shown_as_a_failure_not_as_a_picture(tiny):
     pytest.importorskip("gradio")
     with nan_attention.nan_strategy() as name:
-        choices = app.StrategyChoices(["vanilla", name])
+        choices = demo_choices.StrategyChoices(["vanilla", name])
         handlers = _handlers(app.build_demo(tiny, choices=choices, strategy=name))
         image, info, _ = handlers["generate"](*_values(strategy=name))
         assert image is None

@@ -36,6 +36,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import npu_port
+from npu_port._patching import PatchLeftInPlace
 from npu_port.integrations.diffusers import (
     AppliedAttention,
     Route,
@@ -470,7 +471,8 @@ def test_watch_stops_once_and_leaves_a_later_wrapper_in_place():
     theirs = Attention.set_processor  # someone wraps it after us: theirs stays when we stop
     Attention.set_processor = lambda self, processor: ORIGINAL_SET_PROCESSOR(self, processor)
     try:
-        stop()
+        with pytest.warns(PatchLeftInPlace, match=r"Attention\.set_processor was replaced by someone else"):
+            stop()
         stop()  # idempotent
         assert watch.wrapped_classes() == []
         assert Attention.set_processor is not theirs and Attention.set_processor is not ORIGINAL_SET_PROCESSOR

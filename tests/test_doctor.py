@@ -441,6 +441,7 @@ def test_text_and_json_reports():
         "title": "B",
         "status": "warn",
         "summary": "not great",
+        "code": None,
         "fix": "do this",
         "details": {"k": 1},
         "group": "Second",
@@ -497,7 +498,7 @@ def test_doctor_on_this_machine():
     statuses = {finding["status"] for finding in report["findings"]}
     assert report["exit_code"] == exit_code(Finding("x", "x", status, "x") for status in statuses)
     for finding in report["findings"]:
-        assert set(finding) == {"check", "title", "status", "summary", "fix", "details", "group"}
+        assert set(finding) == {"check", "title", "status", "summary", "code", "fix", "details", "group"}
 
     findings = {finding["check"]: finding for finding in report["findings"]}
     no_torch_npu = findings.get("torch-npu", {}).get("status") == "info"

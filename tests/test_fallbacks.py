@@ -549,7 +549,7 @@ def test_nested_safe_math_restored_out_of_order_still_restores_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert (torch.randn(2, 2) @ torch.randn(2, 2)).dtype == torch.float32  # inner (and guard) still force
     inner.restore()
-    assert torch.amp.autocast_mode.autocast.__dict__["__init__"] is guard._patched_init  # outer's skipped
+    assert torch.amp.autocast_mode.autocast.__dict__["__init__"] is guard._autocast_patch.replacement
     guard.restore()
     assert torch.amp.autocast_mode.autocast.__dict__["__init__"] is autocast_init
     assert _math_settings() == before

@@ -17,10 +17,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "npu_port"
 LAYER = {
     "errors": 0,
     "reasons": 0,
+    "settings": 0,
     "_optional": 0,
     "_version": 0,
     "atomic": 0,
     "weak": 0,
+    "_patching": 0,
     "device": 1,
     "distributed": 1,
     "attn": 2,

@@ -32,6 +32,7 @@ from diffusers.models.attention_processor import (
 )
 
 import npu_port
+from npu_port._patching import PatchLeftInPlace
 from npu_port.attn import get_kernel
 from npu_port.integrations.diffusers import RoutedAttnProcessor, apply_to_target, patches, tiny, watch
 from npu_port.integrations.diffusers.applied import layered_modules
@@ -454,7 +455,8 @@ def test_a_later_patch_of_a_processor_class_by_someone_else_stays(counted):
 
     AttnProcessor.__call__ = theirs
     try:
-        handle.restore()
+        with pytest.warns(PatchLeftInPlace, match=r"AttnProcessor\.__call__ was replaced by someone else"):
+            handle.restore()
         assert vars(AttnProcessor)["__call__"] is theirs
     finally:
         AttnProcessor.__call__ = ORIGINAL_CALLS[AttnProcessor]

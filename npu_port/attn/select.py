@@ -1,9 +1,9 @@
 """Which kernel runs a call: a forced one (checked, with reasons), or the first that can in an order.
 
 Until a strategy is set (the strategy registry installs its own selector through :func:`set_default_selector`),
-``kernel=None`` tries :data:`DEFAULT_ORDER`: the Ascend ops on NPU tensors, then SDPA, then the memory-bounded
-chunked kernel, then the reference. Nothing is skipped silently: when no kernel fits, every kernel's reasons are
-raised together.
+``kernel=None`` tries the kernels that declare ``default_selection``, by priority (:func:`default_order`): the Ascend
+ops on NPU tensors, then SDPA, then the memory-bounded chunked kernel, then the reference. Nothing is skipped
+silently: when no kernel fits, every kernel's reasons are raised together.
 """
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 from ..errors import KernelUnavailableError, NoKernelError
 from .call import AttentionCall
 from .kernels.base import Kernel
-from .registry import get_kernel, kernels
-
-#: Tried in this order when no kernel and no strategy is given.
-DEFAULT_ORDER = ("npu_fused_infer", "npu_fusion", "sdpa", "chunked", "math")
+from .registry import default_order, get_kernel, kernels
 
 Selector = Callable[[AttentionCall], Kernel]
 
@@ -38,7 +35,7 @@ def first_runnable(call: AttentionCall, order: Sequence[Union[str, Kernel]]) -> 
 
 
 def _default_selector(call: AttentionCall) -> Kernel:
-    return first_runnable(call, DEFAULT_ORDER)
+    return first_runnable(call, default_order())
 
 
 _selector: Selector = _default_selector
@@ -69,3 +66,9 @@ def resolve_kernel(kernel: Union[None, str, Kernel], call: AttentionCall) -> Ker
     if found:
         raise KernelUnavailableError(chosen.name, call.describe(), found, runnable_kernels(call))
     return chosen
+
+
+def __getattr__(name: str):
+    if name == "DEFAULT_ORDER":  # the tuple this module once kept by hand, now derived from the registry
+        return tuple(default_order())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

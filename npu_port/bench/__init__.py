@@ -5,8 +5,12 @@ there, and why the others cannot run. The parts, one job each:
 
 - :mod:`.shapes` — the named problem sizes (the NPU guides' sequence lengths, Stable Diffusion, ControlVideo) and
   ``custom:B,H,S,D``;
-- :mod:`.runner` — one (strategy, shape) cell: choose the kernel, time it, measure its peak memory and its error
-  against a float64 reference, or record why it was refused;
+- :mod:`.choices` — the device, dtype, strategies and budget of a run, checked before any work;
+- :mod:`.reference` — a shape's seeded inputs and the float64 answer on auto's parity slice;
+- :mod:`.cells` — one (strategy, shape) cell: choose the kernel, measure its peak memory and its error against the
+  reference, or record why it was refused;
+- :mod:`.runner` — the run: shape by shape, the cells' calls timed in interleaved rounds
+  (:mod:`npu_port.device.timing`);
 - :mod:`.memory` — peak memory of one call (the device's allocator statistics, or a dispatch-mode tracker on CPU);
 - :mod:`.results` — the record of a run and the machine it ran on; :mod:`.report` — the table, CSV and JSON;
 - :mod:`.plot` — the PNG (matplotlib, imported only when a plot is asked for).

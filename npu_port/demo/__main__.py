@@ -25,7 +25,7 @@ PROG = "gradio_demo_npu"
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     from ..infer.models import DTYPES
-    from .app import DEFAULT_REQUEST_TIMEOUT
+    from .form import DEFAULT_REQUEST_TIMEOUT
 
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -72,7 +72,8 @@ def prepare(args: argparse.Namespace) -> Any:
     from ..infer.deadline import check_timeout
     from ..infer.models import describe_model, resolve_dtype
     from ..infer.paths import cache_location
-    from .app import build_demo, check_strategy, strategy_choices
+    from .app import build_demo
+    from .choices import check_strategy, strategy_choices
 
     # everything that can be checked is checked before the (possibly long) model load
     check_timeout(args.request_timeout, "--request-timeout")

@@ -1,8 +1,8 @@
-"""The demo's UI and the pure helpers behind it.
+"""The demo's UI: :func:`build_demo` imports gradio and wires the pure helpers to components.
 
-The helpers (the strategy list, turning form values into a checked :class:`~npu_port.infer.GenerationRequest`,
-formatting timings and comparisons) import no gradio, so tests call them without a browser. :func:`build_demo`
-imports gradio and wires them to components. Out-of-range input never reaches the model: the request is checked
+The helpers import no gradio, so tests call them without a browser: the strategy list (:mod:`.choices`), turning
+form values into a checked :class:`~npu_port.infer.GenerationRequest` (:mod:`.form`), and what the page shows
+(:mod:`.formatting`). Out-of-range input never reaches the model: the request is checked
 first against the model's limits (:class:`~npu_port.infer.limits.ModelLimits`, the same ones ``npu-port infer``
 uses, lowered by ``--max-side`` / ``--max-steps``), and the message appears under the image. Cost is bounded too:
 each request runs under a time limit (``--request-timeout``) and stops at the next denoising step past it, freeing
@@ -12,26 +12,27 @@ the single queue slot; the server refuses uploads over a few bytes (the demo tak
 from __future__ import annotations
 
 import inspect
-import math
 import sys
 import threading
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from ..errors import InferenceError, NpuPortError
+from ..errors import NpuPortError
 from ..infer.deadline import RequestTimeout
-from ..infer.limits import ModelLimits
 from ..infer.run import GenerationRequest
+from .choices import REFERENCE, StrategyChoices, check_strategy, compare_order, strategy_choices
+from .form import DEFAULT_REQUEST_TIMEOUT, MAX_GUIDANCE, default_size, demo_limits, make_request
+from .formatting import (
+    error_markdown,
+    format_comparison,
+    format_result,
+    gallery_items,
+    header_markdown,
+    not_finite_markdown,
+    random_weights_note,
+    unavailable_markdown,
+)
 
-#: What a comparison starts with (those of them that can run here).
-DEFAULT_COMPARE = ("vanilla", "sdpa", "auto")
-#: The exact math kernel: the reference of a comparison whenever it is picked, so differences are measured from it.
-REFERENCE = "vanilla"
-MAX_PROMPT_CHARS = 2000
-MAX_GUIDANCE = 30.0
-#: Seconds one request (a Generate, or a whole Compare) may run before it is stopped (``--request-timeout``).
-DEFAULT_REQUEST_TIMEOUT = 300.0
 #: Largest upload the server accepts (Gradio's ``max_file_size``): the demo has no file input, so any upload is
 #: someone else's; a few bytes keep the endpoint from storing anything sizeable.
 MAX_UPLOAD_BYTES = 1024
@@ -52,315 +53,6 @@ def require_gradio() -> Any:
 
         raise GradioMissingError(f"the demo needs gradio ({exc}): {extra_hint('demo')}") from None
     return gradio
-
-
-# --------------------------------------------------------------------------------------------- strategy list
-
-
-@dataclass
-class StrategyChoices:
-    """What the strategy pickers offer: ``auto`` first, then every strategy and profile that can run here.
-
-    Those that cannot run here are left out of the pickers (choosing one could only fail) and listed in
-    ``unavailable`` with their first reason, which the page shows under the dropdown.
-    """
-
-    names: List[str]
-    unavailable: Dict[str, str] = field(default_factory=dict)
-
-    def compare_default(self) -> List[str]:
-        return [name for name in DEFAULT_COMPARE if name in self.names]
-
-
-def _first_reason(entry: Dict[str, Any]) -> str:
-    for kernel, reasons in entry.get("reasons", {}).items():
-        if reasons:
-            return f"{kernel}: {reasons[0]}"
-    return "no kernel of it can run here"
-
-
-def strategy_choices(entries: Optional[Sequence[Dict[str, Any]]] = None) -> StrategyChoices:
-    """Split the registry into what can run here and what cannot, using ``npu-port strategies``' own rows.
-
-    ``entries``: rows as :func:`npu_port.strategy.registry.strategy_entry` makes them (default: every registered
-    strategy and profile, checked on this machine).
-    """
-    if entries is None:
-        from ..strategy.registry import list_strategies, strategy_entry
-
-        entries = [strategy_entry(name) for name in list_strategies()]
-    available = [entry["name"] for entry in entries if entry["available"]]
-    names = [name for name in available if name == "auto"] + [name for name in available if name != "auto"]
-    unavailable = {entry["name"]: _first_reason(entry) for entry in entries if not entry["available"]}
-    return StrategyChoices(names, unavailable)
-
-
-def check_strategy(name: str, choices: StrategyChoices) -> str:
-    """``name`` if the demo offers it, else why not (unknown, or cannot run here)."""
-    if name in choices.names:
-        return name
-    if name in choices.unavailable:
-        raise InferenceError(
-            f"strategy {name!r} cannot run here ({choices.unavailable[name]}); choose one of: "
-            + ", ".join(choices.names)
-        )
-    raise InferenceError(f"unknown strategy {name!r}; choose one of: {', '.join(choices.names)}")
-
-
-def compare_order(selected: Optional[Sequence[str]], choices: StrategyChoices) -> List[str]:
-    """The picked strategies in the order they run: vanilla (the exact reference) first when picked, then the rest
-    in the pickers' order. At least two are needed."""
-    selected = list(selected or [])
-    for name in selected:
-        check_strategy(name, choices)
-    picked = [name for name in choices.names if name in selected]
-    if len(picked) < 2:
-        got = f"{len(picked)}: {', '.join(picked)}" if picked else "none"
-        raise InferenceError(f"pick at least two strategies to compare (got {got})")
-    if REFERENCE in picked:
-        picked.remove(REFERENCE)
-        picked.insert(0, REFERENCE)
-    return picked
-
-
-# --------------------------------------------------------------------------------------------- requests
-
-
-def whole_number(label: str, value: Any, *, optional: bool = False) -> Optional[int]:
-    """A form value as an int, or a message naming the field (an empty field is None when ``optional``)."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        if optional:
-            return None
-        raise InferenceError(f"{label} is empty; give a whole number")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise InferenceError(f"{label} must be a whole number, got {value!r}") from None
-    if not math.isfinite(number) or number != int(number):
-        raise InferenceError(f"{label} must be a whole number, got {value!r}")
-    return int(number)
-
-
-def default_size(loaded: Any) -> int:
-    """The side the pipeline makes when no size is given (the DiT's fixed one; else its sample size)."""
-    if loaded.native_size is not None:
-        return int(loaded.native_size)
-    pipe = loaded.pipe
-    for component in ("unet", "transformer"):
-        model = getattr(pipe, component, None)
-        sample = getattr(getattr(model, "config", None), "sample_size", None)
-        if sample is not None:
-            sample = sample[0] if isinstance(sample, (list, tuple)) else sample
-            return int(sample) * loaded.vae_scale_factor
-    return 512
-
-
-def demo_limits(loaded: Any, *, max_side: Optional[int] = None, max_steps: Optional[int] = None) -> ModelLimits:
-    """The model's limits (``npu_port.infer.limits``), lowered by the demo's ``--max-side`` / ``--max-steps``:
-    those can only lower them."""
-    return loaded.limits.lowered(max_side=max_side, max_steps=max_steps)
-
-
-def make_request(
-    loaded: Any,
-    *,
-    strategy: str,
-    choices: StrategyChoices,
-    steps: Any,
-    seed: Any,
-    prompt: Optional[str] = None,
-    negative_prompt: Optional[str] = None,
-    class_label: Any = None,
-    height: Any = None,
-    width: Any = None,
-    guidance_scale: Any = 4.0,
-    max_side: Optional[int] = None,
-    max_steps: Optional[int] = None,
-) -> GenerationRequest:
-    """Form values to a request the model may run, or :class:`InferenceError` with the message to show."""
-    strategy = check_strategy(strategy, choices)
-    defaults = GenerationRequest()
-    request = GenerationRequest(
-        steps=whole_number("steps", steps),
-        seed=whole_number("seed", seed),
-        strategy=strategy,
-    )
-    try:
-        request.guidance_scale = float(defaults.guidance_scale if guidance_scale is None else guidance_scale)
-    except (TypeError, ValueError):
-        raise InferenceError(f"guidance scale must be a number, got {guidance_scale!r}") from None
-    if not 0.0 <= request.guidance_scale <= MAX_GUIDANCE:
-        raise InferenceError(f"guidance scale must be between 0 and {MAX_GUIDANCE:g}, got {request.guidance_scale:g}")
-    if loaded.kind == "class-conditional":
-        request.class_label = whole_number("class", class_label)
-    else:
-        request.prompt = prompt or ""
-        request.negative_prompt = negative_prompt or None
-        for name, text in (("prompt", request.prompt), ("negative prompt", request.negative_prompt or "")):
-            if len(text) > MAX_PROMPT_CHARS:
-                raise InferenceError(f"{name} is {len(text)} characters long; at most {MAX_PROMPT_CHARS}")
-        request.height = whole_number("height", height, optional=True)
-        request.width = whole_number("width", width, optional=True)
-    demo_limits(loaded, max_side=max_side, max_steps=max_steps).check(request)  # the seed's range too
-    return request
-
-
-# --------------------------------------------------------------------------------------------- formatting
-
-
-_MARKDOWN_SPECIAL = set("\\`*_[]<>|#")
-
-
-def markdown_escape(text: str) -> str:
-    return "".join("\\" + char if char in _MARKDOWN_SPECIAL else char for char in text)
-
-
-def device_line(loaded: Any) -> str:
-    """``cpu: AMD EPYC 7B13 (2 threads), float32``"""
-    from ..device import device_name
-
-    return f"{device_name(loaded.device)}, {str(loaded.dtype).replace('torch.', '')}"
-
-
-def header_markdown(loaded: Any, limits: ModelLimits, *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> str:
-    if limits.native_size is not None:
-        size = f"{limits.native_size}×{limits.native_size} images only"
-    else:
-        size = f"sides up to {limits.max_side}"
-    return (
-        "## npu-port demo\n"
-        f"**Device:** {markdown_escape(device_line(loaded))} · **model:** `{loaded.model}` ({loaded.kind}; {size}; "
-        f"up to {limits.max_steps} steps) · one request runs at a time, others wait in the queue · a request "
-        f"stops after {request_timeout:g} s"
-    )
-
-
-def random_weights_note(loaded: Any) -> Optional[str]:
-    if not loaded.random_weights:
-        return None
-    return (
-        f"⚠ **Random weights:** `{loaded.model}` is built with random weights, so its images are noise-like by "
-        "design. Use it to check the timings and that every strategy makes the same image; start the demo with "
-        "`--model DIR_OR_HUB_ID` for real pictures."
-    )
-
-
-def unavailable_markdown(choices: StrategyChoices) -> str:
-    if not choices.unavailable:
-        return ""
-    items = "\n".join(f"- `{name}`: {markdown_escape(reason)}" for name, reason in choices.unavailable.items())
-    intro = "These cannot run on this machine, so the pickers leave them out (`npu-port strategies` says more):"
-    return f"{intro}\n\n{items}"
-
-
-def _seconds(value: float) -> str:
-    return f"{value:.3f} s"
-
-
-def _mib(peak: Dict[str, Any]) -> str:
-    return f"{peak['bytes'] / 2**20:.0f} MiB ({peak['what']})"
-
-
-def format_result(result: Any) -> str:
-    """The timing report shown beside the image."""
-    steady = result.median_step_s
-    steady_text = f"{steady * 1e3:.1f} ms" if steady is not None else "one step only"
-    height, width = result.image.shape[:2]
-    lines = [
-        f"**Strategy:** `{result.strategy_requested}` → resolved **`{result.strategy_resolved}`**",
-        f"- first step: {_seconds(result.first_step_s)} (with set-up)",
-        f"- median step: {steady_text} (of the steps after the first; {len(result.step_s) + 1} steps in all)",
-        f"- total: {_seconds(result.total_s)}",
-        f"- peak memory: {markdown_escape(_mib(result.peak_memory))}",
-        f"- image: {width}×{height}",
-    ]
-    return "\n".join(lines)
-
-
-def error_markdown(exc: BaseException, *, refused: bool = True) -> str:
-    """An error as the page shows it: the message whole (its first line in bold), nothing run when ``refused``;
-    a request stopped by its time limit is "Stopped"."""
-    text = str(exc).strip() or type(exc).__name__
-    first, _, rest = text.partition("\n")
-    if isinstance(exc, RequestTimeout):
-        head = "Stopped"
-    else:
-        head = "Not run" if refused else f"Failed ({type(exc).__name__})"
-    out = f"✘ **{head}:** {markdown_escape(first)}"
-    if rest.strip():
-        out += "\n\n```\n" + rest.strip("\n") + "\n```"
-    return out
-
-
-COMPARE_HEADERS = ("strategy", "resolved", "total", "median step", "max |diff|", "PSNR")
-
-
-def comparison_rows(comparison: Any) -> List[List[str]]:
-    """One row of text per strategy, in run order: the table under the gallery."""
-    rows = []
-    for name, result in comparison.results.items():
-        steady = result.median_step_s
-        psnr = comparison.psnr_db[name]
-        diff = comparison.max_abs_diff[name]
-        rows.append(
-            [
-                name,
-                result.strategy_resolved,
-                _seconds(result.total_s),
-                f"{steady * 1e3:.1f} ms" if steady is not None else "-",
-                "not finite" if not result.finite else (f"{diff:.2e}" if math.isfinite(diff) else "-"),
-                "inf" if math.isinf(psnr) else ("-" if math.isnan(psnr) else f"{psnr:.1f} dB"),
-            ]
-        )
-    return rows
-
-
-def verdict(comparison: Any) -> str:
-    """The comparison's verdict line ("all within ..." or "DIVERGED ..."), with a mark."""
-    return ("✘ " if comparison.diverged else "✔ ") + comparison.verdict()
-
-
-def not_finite_markdown(result: Any) -> str:
-    """What Generate shows instead of an image with NaN or inf in it (saved, it would look like a black picture)."""
-    return (
-        f"✘ **Failed:** the image under strategy `{markdown_escape(result.strategy_requested)}` (resolved "
-        f"`{markdown_escape(result.strategy_resolved)}`) is not finite: {result.non_finite} of {result.image.size} "
-        "values are NaN or inf"
-    )
-
-
-def format_comparison(comparison: Any) -> str:
-    header = "| " + " | ".join(markdown_escape(h) for h in COMPARE_HEADERS) + " |"
-    rule = "|" + "---|" * len(COMPARE_HEADERS)
-    body = ["| " + " | ".join(markdown_escape(cell) for cell in row) + " |" for row in comparison_rows(comparison)]
-    return "\n".join(
-        [
-            f"**{verdict(comparison)}**",
-            "",
-            f"Differences are measured on the decoded image (0..1) against `{comparison.reference}`, "
-            f"the first; tolerance {comparison.tolerance:g} for this dtype.",
-            "",
-            header,
-            rule,
-            *body,
-        ]
-    )
-
-
-def gallery_items(comparison: Any) -> List[Tuple[Any, str]]:
-    """(image, caption) per strategy, in run order."""
-    from ..infer.run import to_pil
-
-    items = []
-    for name, result in comparison.results.items():
-        if not result.finite:  # left out: the table and the verdict say why
-            continue
-        caption = (
-            f"{name} → {result.strategy_resolved} · {result.total_s:.2f} s · "
-            f"max|diff| {comparison.max_abs_diff[name]:.1e}"
-        )
-        items.append((to_pil(result.image), caption))
-    return items
 
 
 # --------------------------------------------------------------------------------------------- the UI

@@ -83,7 +83,8 @@ def _kernel_finding(entry: dict) -> Finding:
             f"kernel-{name}", f"kernel {name}", "ok", f"{name}: available ({entry['summary']})", None, details
         )
     reasons = "; ".join(reason["message"] for reason in entry["reasons"])
-    if any(reason["code"] == "package-broken" for reason in entry["reasons"]):
+    codes = [reason["code"] for reason in entry["reasons"]]
+    if "package-broken" in codes:
         return Finding(
             f"kernel-{name}",
             f"kernel {name}",
@@ -91,5 +92,7 @@ def _kernel_finding(entry: dict) -> Finding:
             f"{name}: its package is installed but broken: {reasons}",
             "make the package importable (see its finding above) or uninstall it",
             details,
+            code="package-broken",
         )
-    return Finding(f"kernel-{name}", f"kernel {name}", "info", f"{name}: unavailable: {reasons}", None, details)
+    summary = f"{name}: unavailable: {reasons}"
+    return Finding(f"kernel-{name}", f"kernel {name}", "info", summary, None, details, code=codes[0])

@@ -58,9 +58,9 @@ def _backend_finding(status) -> Finding:
     details = {"available": status.available, "count": status.count}
     if not status.available:
         details["reason"] = status.reason.as_dict() if status.reason is not None else None
-        return Finding(
-            f"device-{kind}", f"{kind} devices", "info", f"{kind}: not usable: {status.reason}", None, details
-        )
+        summary = f"{kind}: not usable: {status.reason}"
+        code = status.reason.code if status.reason is not None else None
+        return Finding(f"device-{kind}", f"{kind} devices", "info", summary, None, details, code=code)
     devices = [torch.device("cpu")] if kind == "cpu" else [torch.device(kind, i) for i in range(status.count)]
     entries = [_describe(device) for device in devices]
     details["devices"] = entries

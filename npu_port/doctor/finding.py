@@ -25,7 +25,9 @@ class Finding:
 
     ``check`` is a stable id ("torch-npu-import") that scripts and tests can match on; ``summary`` and ``fix`` are
     single lines, because a diagnosis that needs a paragraph is not yet understood; ``details`` keeps the raw facts
-    (versions, paths, the first line of the real error) for the JSON report.
+    (versions, paths, the first line of the real error) for the JSON report. ``code`` is the stable code of the
+    :class:`~npu_port.reasons.Reason` behind the summary, where one is (a kernel that cannot run: ``package-missing``,
+    ``no-device``...; a device that is not usable), so a script can act on the cause without parsing the text.
     """
 
     check: str
@@ -34,6 +36,7 @@ class Finding:
     summary: str
     fix: Optional[str] = None
     details: Dict[str, Any] = field(default_factory=dict)
+    code: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -49,6 +52,7 @@ class Finding:
             "title": self.title,
             "status": self.status,
             "summary": self.summary,
+            "code": self.code,
             "fix": self.fix,
             "details": dict(self.details),
         }

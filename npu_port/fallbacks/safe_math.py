@@ -13,8 +13,9 @@ errors, NaNs, or ops the backend does not implement. The safe path turns those o
 
 ``tf32=True`` or ``fp32=False`` leave that part alone. :meth:`SafeMath.restore` puts every setting back as it was
 (the legacy flags through their own setters, then the per-backend precisions) and the very ``autocast.__init__``
-function object; restore nested handles last-in first-out (an autocast patch restored out of order is still undone
-exactly). Autocast contexts already entered are not changed.
+function object, through :mod:`npu_port._patching` (so handles may be restored in any order and still end exact, and an
+``autocast.__init__`` someone replaced after us stays theirs). Settings are restored to what each handle saw, so
+restore nested handles last-in first-out for the settings. Autocast contexts already entered are not changed.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
+
+from .. import _patching
 
 #: (backend, op) pairs of torch's per-backend float32 precision settings (torch >= 2.9), parents before children.
 _PRECISION_PAIRS = (
@@ -66,6 +69,9 @@ _REDUCTION_SETTINGS = tuple(
     for attr in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction")
     if hasattr(_MATMUL, attr)
 )
+
+#: The key of the ``autocast.__init__`` patches in :mod:`npu_port._patching`.
+KEY = "safe_math"
 
 _UNREADABLE = object()  # torch refuses to read a legacy flag after the legacy and new APIs were mixed
 
@@ -114,8 +120,7 @@ class SafeMath:
     changed: Dict[str, Tuple[Any, Any]] = field(default_factory=dict)
     _saved: List[Tuple[str, Any, Callable[[Any], None]]] = field(default_factory=list, repr=False)
     _saved_precisions: Dict[Tuple[str, str], str] = field(default_factory=dict, repr=False)
-    _original_init: Optional[Callable] = field(default=None, repr=False)
-    _patched_init: Optional[Callable] = field(default=None, repr=False)
+    _autocast_patch: Optional[_patching.Patch] = field(default=None, repr=False)
     _active: bool = field(default=False, repr=False)
 
     @property
@@ -127,15 +132,8 @@ class SafeMath:
         if not self._active:
             return
         self._active = False  # a patched autocast still reachable (patched again on top) passes through from now on
-        autocast = torch.amp.autocast_mode.autocast
-        if self._patched_init is not None and autocast.__dict__.get("__init__") is self._patched_init:
-            original = self._original_init
-            while (
-                getattr(original, "__npu_port_safe_math__", None) is not None
-                and not original.__npu_port_safe_math__.active
-            ):
-                original = original.__npu_port_safe_math__._original_init  # an earlier handle restored out of order
-            autocast.__init__ = original
+        if self._autocast_patch is not None:
+            _patching.release(self._autocast_patch)
         for _name, value, setter in self._saved:
             if value is not _UNREADABLE:
                 setter(value)
@@ -212,7 +210,5 @@ def _disable_autocast(handle: SafeMath) -> None:
         original(self, *args, **kwargs)
 
     __init__.__npu_port_safe_math__ = handle
-    handle._original_init = original
-    handle._patched_init = __init__
-    autocast.__init__ = __init__
+    handle._autocast_patch = _patching.replace(autocast, "__init__", __init__, key=KEY)
     handle.changed["torch.autocast"] = ("enabled as asked", "enabled=False")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import resource
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 
 from .. import device as devices
+from ..device.timing import stamp
 from ..errors import InferenceError
 from .deadline import Deadline
 from .models import LoadedPipeline
@@ -116,8 +116,7 @@ class _StepClock:
 
         def timed_step(*args: Any, **kwargs: Any) -> Any:
             out = step(*args, **kwargs)
-            devices.synchronize(self.device)
-            self.ends.append(time.perf_counter())
+            self.ends.append(stamp(self.device))
             if self.deadline is not None:
                 self.deadline.check(len(self.ends), self.request.steps, self.request.strategy)
             return out
@@ -182,15 +181,13 @@ def generate(
     overrides = {} if loaded.disk_cache else {"cache": False}
     handle = set_attention_strategy(request.strategy, target=pipe, **overrides)
     try:
-        devices.synchronize(loaded.device)
         if loaded.device.type != "cpu":
             devices.reset_peak_memory_stats(loaded.device)
-        start = time.perf_counter()
+        start = stamp(loaded.device)
         with _StepClock(pipe, loaded.device, deadline, request) as clock, torch.no_grad():
             generator = torch.Generator("cpu").manual_seed(request.seed)  # same start on every device
             output = pipe(**_call_arguments(loaded, request, generator))
-        devices.synchronize(loaded.device)
-        end = time.perf_counter()
+        end = stamp(loaded.device)
         explanation = handle.explain()
         resolved = handle.name
     finally:

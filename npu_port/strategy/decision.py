@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..attn.call import AttentionCall
 from ..attn.masks import dtype_name
+from ..reasons import Reason, as_reason
 
 #: Candidate outcomes, in the order explain() sorts them.
 PICKED, OK, REJECTED, REFUSED, SKIPPED = "picked", "ok", "rejected", "refused", "skipped"
@@ -62,12 +63,13 @@ class CandidateResult:
 
     A timed candidate keeps the median of its timed runs and, as their spread, the first and third quartiles
     (``low_s``, ``high_s``: the middle half of the runs) — what auto's decision rule compares, and what explain()
-    shows so that a pick made on noisy timings can be seen to be one.
+    shows so that a pick made on noisy timings can be seen to be one. ``reasons`` are
+    :class:`~npu_port.reasons.Reason` objects: their text is what explain() shows, their codes go into the JSON.
     """
 
     kernel: str
     status: str
-    reasons: List[str] = field(default_factory=list)
+    reasons: List[Reason] = field(default_factory=list)
     median_s: Optional[float] = None
     runs: int = 0
     parity_error: Optional[float] = None
@@ -113,7 +115,13 @@ class Decision:
     why: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        """Plain data for JSON and the disk cache: each candidate's ``reasons`` as their messages (as before codes
+        were kept) and ``reason_codes`` beside them, one code per message."""
+        data = asdict(self)
+        for entry, candidate in zip(data["candidates"], self.candidates):
+            entry["reasons"] = [str(reason) for reason in candidate.reasons]
+            entry["reason_codes"] = [as_reason(reason).code for reason in candidate.reasons]
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, bucket: Optional[str] = None) -> "Decision":
@@ -164,7 +172,18 @@ class Decision:
 
 STATUSES = (PICKED, OK, REJECTED, REFUSED, SKIPPED, "not tried")
 _DECISION_FIELDS = {"bucket", "kernel", "select", "candidates", "probe_seconds", "source", "provisional", "why"}
-_CANDIDATE_FIELDS = {"kernel", "status", "reasons", "median_s", "runs", "parity_error", "tolerance", "low_s", "high_s"}
+_CANDIDATE_FIELDS = {
+    "kernel",
+    "status",
+    "reasons",
+    "reason_codes",
+    "median_s",
+    "runs",
+    "parity_error",
+    "tolerance",
+    "low_s",
+    "high_s",
+}
 
 
 def _expect(condition: bool, problem: str) -> None:
@@ -189,6 +208,16 @@ def _candidate(data: Any, index: int) -> CandidateResult:
     _expect(data.get("status") in STATUSES, f"{where}: status {data.get('status')!r} is not one of {STATUSES}")
     reasons = data.get("reasons", [])
     _expect(isinstance(reasons, list) and all(isinstance(r, str) for r in reasons), f"{where}: bad reasons")
+    codes = data.get("reason_codes")  # absent in entries written before codes were kept: those read as "unknown"
+    if codes is not None:
+        _expect(
+            isinstance(codes, list) and len(codes) == len(reasons) and all(isinstance(c, str) for c in codes),
+            f"{where}: reason_codes must be a list of one code per reason",
+        )
+    try:
+        kept = [Reason(code, text) for code, text in zip(codes, reasons)] if codes is not None else None
+    except ValueError as exc:  # a code that is not lower-case words joined by dashes
+        raise ValueError(f"{where}: {exc}") from None
     for name in ("median_s", "parity_error", "tolerance", "low_s", "high_s"):
         value = data.get(name)
         _expect(value is None or _is_number(value), f"{where}: {name} must be a number or null, found {_kind(value)}")
@@ -199,4 +228,6 @@ def _candidate(data: Any, index: int) -> CandidateResult:
     _expect(isinstance(runs, int) and not isinstance(runs, bool) and runs >= 0, f"{where}: bad runs {runs!r}")
     if data.get("parity_error") is not None:
         _expect(data.get("tolerance") is not None, f"{where}: a parity error without its tolerance")
-    return CandidateResult(**data)
+    fields = {name: value for name, value in data.items() if name != "reason_codes"}
+    fields["reasons"] = kept if kept is not None else [as_reason(text) for text in reasons]
+    return CandidateResult(**fields)

@@ -9,8 +9,9 @@ without a trace — it should ``extends:`` it under a new name instead.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..errors import StrategyFileError
 from .schema import RawStrategy, parse
@@ -64,6 +65,22 @@ def read_file(path: Path) -> RawStrategy:
     return raw
 
 
+def every_kernel() -> Tuple[str, ...]:
+    """The candidates of a ``first`` / ``measure`` strategy that names none (``auto``): every registered kernel, most
+    preferred first (each kernel class declares its ``priority``), so a new kernel joins ``auto`` by registering."""
+    from ..attn.registry import priority_order
+
+    return tuple(priority_order())
+
+
+def registry_snapshot() -> Optional[Tuple[str, ...]]:
+    """What :func:`every_kernel` would give now, or None while no kernel is loaded yet (then nothing built so far can
+    have depended on it): a strategy built from the registry is rebuilt when this changes."""
+    if "npu_port.attn.registry" not in sys.modules:
+        return None
+    return every_kernel()
+
+
 def build(raw: RawStrategy, lookup: Callable[[str], Strategy], chain: tuple = ()) -> Strategy:
     """The Strategy a file describes; ``lookup`` finds the strategy named in ``extends``."""
     data = raw.data
@@ -95,6 +112,8 @@ def build(raw: RawStrategy, lookup: Callable[[str], Strategy], chain: tuple = ()
     processor = data.get("processor", parent.processor if parent else None)
     base = (parent.base or parent.name) if parent else None
     custom = processor is not None or name == "custom-processor" or base == "custom-processor"
+    if not candidates and not custom and select in ("first", "measure"):
+        candidates = every_kernel()
     if not candidates and not custom:
         raise StrategyFileError(raw.path, 1, "a strategy needs kernel, candidates, processor or extends")
     if select == "fixed" and len(candidates) > 1:

@@ -32,7 +32,6 @@ than its later runs would have been. All timing goes through :func:`_time_once`.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -46,8 +45,9 @@ from ..attn.contract import finish_output
 from ..attn.kernels.base import Kernel
 from ..attn.masks import CanonicalMask
 from ..attn.registry import get_kernel
-from ..device import synchronize
+from ..device.timing import Rounds, spread, timed
 from ..errors import NoKernelError
+from ..reasons import Reason
 from .decision import OK, PICKED, REFUSED, REJECTED, SKIPPED, CandidateResult, Decision
 from .spec import DEFAULT_OPTIONS
 
@@ -120,9 +120,9 @@ def parity_error(kernel: Kernel, sliced: AttentionCall, reference: Tensor) -> Tu
     return error, tolerance
 
 
-def _failure(exc: Exception) -> str:
+def _failure(exc: Exception) -> Reason:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"failed: {type(exc).__name__}: {message}"
+    return Reason("failed", f"failed: {type(exc).__name__}: {message}")
 
 
 #: Decision.source of a call that could not be measured (its inputs hold NaN or inf): used once, never kept.
@@ -136,9 +136,10 @@ def _unmeasured(
     kernel's answer is not finite, no output can be checked against it, and timings on it would say nothing. The
     output still holds the NaN where SDPA's formula puts it (npu_port.attn.contract); the next call of the bucket
     is measured."""
-    why = (
+    why = Reason(
+        "unmeasured",
         "not measured: NaN or inf in query, key, value or mask, so no output can be checked against the math kernel; "
-        "this call runs on the first candidate that can run it, and the next call of this shape is measured"
+        "this call runs on the first candidate that can run it, and the next call of this shape is measured",
     )
     picked = [CandidateResult(runnable[0].name, PICKED, [why])]
     rest = [CandidateResult(kernel.name, SKIPPED, [why]) for kernel in runnable[1:]]
@@ -156,11 +157,7 @@ def _time_once(kernel: Kernel, call: AttentionCall) -> Tuple[Tensor, float]:
     """One run of ``kernel`` on ``call``: its raw output and its seconds, the device synchronised before and after.
     The only clock auto reads, for the first runs and the rounds alike (so both are timed the same way, and a test
     can script the timings by replacing this one function)."""
-    synchronize(call.device)
-    start = time.perf_counter()
-    out = kernel.run(call)
-    synchronize(call.device)
-    return out, time.perf_counter() - start
+    return timed(lambda: kernel.run(call), call.device)
 
 
 def _first_run(kernel: Kernel, call: AttentionCall) -> float:
@@ -174,19 +171,17 @@ def _first_run(kernel: Kernel, call: AttentionCall) -> float:
 def _record(result: CandidateResult, samples: List[float]) -> None:
     """The median of ``samples`` and their middle half (first and third quartiles, inclusive method: for 5 runs the
     2nd and 4th fastest), which one outlier, however large, can shift only as far as a neighbouring run's time."""
-    result.median_s, result.runs = statistics.median(samples), len(samples)
-    if len(samples) > 1:
-        result.low_s, _, result.high_s = statistics.quantiles(samples, n=4, method="inclusive")
-    else:
-        result.low_s = result.high_s = samples[0]
+    summary = spread(samples)
+    result.median_s, result.runs, result.low_s, result.high_s = summary.median, summary.runs, summary.low, summary.high
 
 
 def _time_round_robin(
     survivors, call: AttentionCall, warmup: int, repeats: int, deadline: float, first: Dict[str, float]
 ) -> None:
-    """Run the survivors in rounds, one run each per round with the order rotated, so that a burst of load on a
-    shared machine slows every candidate alike instead of skewing one candidate's median: ``warmup - 1`` untimed
-    rounds (every survivor has had one run already), then up to ``repeats`` timed ones.
+    """Run the survivors in interleaved rounds (:class:`~npu_port.device.timing.Rounds`: one run each per round with
+    the order rotated, so that a burst of load on a shared machine slows every candidate alike instead of skewing one
+    candidate's median): ``warmup - 1`` untimed rounds (every survivor has had one run already), then up to
+    ``repeats`` timed ones. A survivor whose run fails is rejected and takes no further part.
 
     A round starts only if it is expected to fit before ``deadline``, so a round of big calls (a second each on a
     CPU) does not overrun the probe budget. The first round is expected to take the sum of the first runs, each capped
@@ -194,29 +189,18 @@ def _time_round_robin(
     round as long as the round before it took. A candidate that got no timed run is judged by its first run
     (``first``), which on such calls differs little from later ones.
     """
-    times: Dict[str, List[float]] = {result.kernel: [] for _, result in survivors}
     fastest = min(first.values())
-    round_cost = sum(min(seconds, FIRST_RUN_CAP * fastest) for seconds in first.values())
-    untimed = max(warmup, 1) - 1
-    for round_index in range(untimed + repeats):
-        round_start = time.perf_counter()
-        if round_start + round_cost > deadline:
-            break
-        shift = round_index % max(len(survivors), 1)
-        for kernel, result in survivors[shift:] + survivors[:shift]:
-            if result.status != OK:
-                continue
-            try:
-                _, seconds = _time_once(kernel, call)
-            except Exception as exc:
-                result.status, result.reasons = REJECTED, [_failure(exc)]
-                continue
-            if round_index >= untimed:
-                times[result.kernel].append(seconds)
-        round_cost = time.perf_counter() - round_start
-    for _, result in survivors:
+    first_round_s = sum(min(seconds, FIRST_RUN_CAP * fastest) for seconds in first.values())
+
+    def reject(survivor, exc: Exception, round_index: int) -> None:
+        result = survivor[1]
+        result.status, result.reasons = REJECTED, [_failure(exc)]
+
+    rounds = Rounds(survivors, lambda survivor: _time_once(survivor[0], call)[1], on_error=reject)
+    rounds.run(repeats, untimed=max(warmup, 1) - 1, deadline=deadline, first_round_s=first_round_s)
+    for (_, result), times in zip(survivors, rounds.samples):
         if result.status == OK:
-            _record(result, times[result.kernel] or [first[result.kernel]])
+            _record(result, times or [first[result.kernel]])
 
 
 def _ms(seconds: float) -> str:
@@ -289,13 +273,16 @@ def measure(
     results: List[CandidateResult] = []
     runnable: List[Kernel] = []
     for kernel in candidates:
-        reasons = [str(r) for r in kernel.reasons(call)]
+        reasons = list(kernel.reasons(call))
         if not reasons and budget_bytes is not None:
             needed = kernel.score_bytes(call)
             if needed > budget_bytes:
                 reasons.append(
-                    f"would materialise {needed / 2**20:.0f} MiB of scores, over the {budget_bytes / 2**20:.0f} MiB "
-                    "memory budget"
+                    Reason(
+                        "budget",
+                        f"would materialise {needed / 2**20:.0f} MiB of scores, over the {budget_bytes / 2**20:.0f} "
+                        "MiB memory budget",
+                    )
                 )
         if reasons:
             results.append(CandidateResult(kernel.name, REFUSED, reasons))
@@ -315,14 +302,16 @@ def measure(
         for kernel in runnable:  # parity on the slice, then one run (NaN check, first time) on the real inputs
             if survivors and time.perf_counter() > deadline:
                 results.append(
-                    CandidateResult(kernel.name, SKIPPED, [f"probe time budget ({probe_seconds:g} s) spent"])
+                    CandidateResult(
+                        kernel.name, SKIPPED, [Reason("probe-time", f"probe time budget ({probe_seconds:g} s) spent")]
+                    )
                 )
                 continue
             try:
                 error, tolerance = parity_error(kernel, sliced, reference)
                 if not error <= tolerance:  # written so that a NaN error is a rejection too
                     what = "NaN or inf in the output" if error == float("inf") else f"max error {error:.2e}"
-                    why = f"disagrees with the math kernel: {what} > {tolerance:.0e}"
+                    why = Reason("parity", f"disagrees with the math kernel: {what} > {tolerance:.0e}")
                     results.append(
                         CandidateResult(
                             kernel.name,

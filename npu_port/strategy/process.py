@@ -122,3 +122,8 @@ class ProcessState:
 
 
 STATE = ProcessState()
+
+
+def active_strategy() -> Any:
+    """The process-wide strategy in force (the last one applied and not yet restored), or None."""
+    return STATE.active[-1].strategy if STATE.active else None

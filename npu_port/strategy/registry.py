@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import StrategyError, StrategyFileError, UnknownStrategyError
-from .loader import SUFFIXES, build, builtin_dirs, read_file, strategy_files, user_dirs
+from .loader import SUFFIXES, build, builtin_dirs, every_kernel, read_file, registry_snapshot, strategy_files, user_dirs
 from .spec import Strategy, check_candidates, check_env, check_import_path, check_name, check_option
 
 _CODE: Dict[str, Strategy] = {}
-_PARSED: Dict[Tuple[str, float], Strategy] = {}
+#: Parsed files by (path, mtime), each with the kernel registry's state it was built with (see registry_snapshot).
+_PARSED: Dict[Tuple[str, float], Tuple[Strategy, Optional[Tuple[str, ...]]]] = {}
 _LOADING: List[str] = []  # names whose files are being built: an extends chain that comes back is a cycle
 
 
@@ -82,7 +83,9 @@ def load_strategy_file(path: Union[str, os.PathLike]) -> Strategy:
     except OSError:
         raise StrategyFileError(str(path), 1, "no such strategy file") from None
     key = (str(path), mtime)
-    cached = _PARSED.get(key)
+    cached, kernels_then = _PARSED.get(key, (None, None))
+    if cached is not None and kernels_then is not None and kernels_then != registry_snapshot():
+        cached = None  # a kernel was registered or unregistered since: candidates derived from the registry changed
     if cached is None:
         raw = read_file(path)
         builtin = _builtin_files().get(raw.data["name"])
@@ -95,7 +98,8 @@ def load_strategy_file(path: Union[str, os.PathLike]) -> Strategy:
             raise StrategyFileError(str(path), raw.line("extends"), f"extends cycle: {chain}")
         _LOADING.append(raw.data["name"])
         try:
-            cached = _PARSED[key] = build(raw, get_strategy, chain=tuple(_LOADING[:-1]))
+            cached = build(raw, get_strategy, chain=tuple(_LOADING[:-1]))
+            _PARSED[key] = (cached, registry_snapshot())
         finally:
             _LOADING.pop()
     return cached
@@ -195,6 +199,8 @@ def register_strategy(
             picked, mode = check_candidates(list(candidates)), (mode if mode != "fixed" else "first")
         if select is not None:
             mode = select
+            if not picked and processor is None and mode in ("first", "measure"):
+                picked = every_kernel()
         if processor is not None and not isinstance(processor, type):
             processor = check_import_path(processor)
         processor = processor if processor is not None else (parent.processor if parent else None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 import torch
 from torch import Tensor
@@ -26,11 +26,12 @@ from ..attn.registry import get_kernel
 from ..attn.select import runnable_kernels
 from ..device import free_memory_bytes
 from ..errors import KernelUnavailableError, NoKernelError, StrategyError
+from ..reasons import Reason
 from .cache import DecisionCache, kernel_packages
 from .cast import CastKernel
 from .decision import PICKED, REFUSED, CandidateResult, Decision, bucket_key, bucket_signature
 from .measure import UNMEASURED, measure
-from .spec import Strategy
+from .spec import OPTIONS, Strategy
 
 #: Signatures whose prepared runner is kept; past this many (shapes that keep changing) the table starts over.
 MAX_PREPARED = 1024
@@ -39,30 +40,45 @@ MAX_PREPARED = 1024
 FREE_MEMORY_SHARE = 0.25
 
 
+def strategy_options_for(kernel: Union[str, Kernel, Type[Kernel]], strategy: Strategy) -> Dict[str, Any]:
+    """The kernel options a strategy's options set, as the kernel declares them (``STRATEGY_OPTIONS``): e.g.
+    ``memory_budget`` -> chunked's ``max_bytes``; a strategy option left at None sets nothing."""
+    cls = kernel if isinstance(kernel, type) else type(get_kernel(kernel))
+    options: Dict[str, Any] = {}
+    for kernel_option, source in cls.STRATEGY_OPTIONS.items():
+        if source.option not in OPTIONS:
+            raise StrategyError(
+                f"kernel {cls.name!r} maps its option {kernel_option!r} from strategy option {source.option!r}, which "
+                f"does not exist; valid strategy options: {', '.join(OPTIONS)}"
+            )
+        value = strategy.option(source.option)
+        if value is not None:
+            options[kernel_option] = source.convert(value)
+    return options
+
+
 def configured_kernels(strategy: Strategy) -> List[Kernel]:
-    """The candidate kernels with the strategy's options applied (memory budget, sdpa backends, dtype policy)."""
-    built: List[Kernel] = []
-    for name in strategy.candidates:
-        options: Dict[str, Any] = {}
-        if name == "chunked" and strategy.option("memory_budget") is not None:
-            options["max_bytes"] = strategy.option("memory_budget")
-        if name in ("chunked", "math"):
-            options["upcast"] = strategy.option("dtype_policy") == "fp32-softmax"
-        if name == "sdpa" and strategy.option("sdpa_backends") is not None:
-            options["backends"] = strategy.option("sdpa_backends")
-        options.update(strategy.kernel_options.get(name, {}))
-        kernel = get_kernel(name, **options)
-        built.append(kernel)
-    return built
+    """The candidate kernels with the strategy's options applied (each kernel's ``STRATEGY_OPTIONS``), then the
+    strategy's ``kernel_options`` for that kernel."""
+    return [
+        get_kernel(name, **{**strategy_options_for(name, strategy), **strategy.kernel_options.get(name, {})})
+        for name in strategy.candidates
+    ]
+
+
+#: The options in every fingerprint, in this order (the on-disk cache of earlier versions is keyed by it); an option
+#: a candidate kernel maps from (STRATEGY_OPTIONS) is added after these.
+FINGERPRINT_OPTIONS = ("memory_budget", "sdpa_backends", "dtype_policy", "compute_dtype", "margin")
 
 
 def fingerprint(strategy: Strategy) -> Dict[str, Any]:
     """What about a strategy changes its decisions (the disk cache is keyed by it)."""
+    names = list(FINGERPRINT_OPTIONS)
+    for kernel in strategy.candidates:
+        names += [source.option for source in type(get_kernel(kernel)).STRATEGY_OPTIONS.values()]
     return {
         "candidates": list(strategy.candidates),
-        "options": {
-            k: strategy.option(k) for k in ("memory_budget", "sdpa_backends", "dtype_policy", "compute_dtype", "margin")
-        },
+        "options": {k: strategy.option(k) for k in dict.fromkeys(names)},
         "kernel_options": {k: dict(v) for k, v in sorted(strategy.kernel_options.items())},
     }
 
@@ -103,9 +119,9 @@ class StrategyRouter:
 
     # ---- what the strategy can do here ------------------------------------------------------------------------
 
-    def availability(self) -> Dict[str, List[str]]:
+    def availability(self) -> Dict[str, List[Reason]]:
         """Candidate -> reasons it cannot run anything on this machine (empty list = available)."""
-        return {k.name: [str(r) for r in k.availability()] for k in self.kernels}
+        return {k.name: list(k.availability()) for k in self.kernels}
 
     def check_available(self) -> None:
         """Fail now, with the reasons, if no candidate can ever run here (rather than at the first forward)."""
@@ -119,7 +135,7 @@ class StrategyRouter:
 
     # ---- choosing ---------------------------------------------------------------------------------------------
 
-    def _forms(self, kernel: Kernel, call: AttentionCall) -> Tuple[Kernel, List[str]]:
+    def _forms(self, kernel: Kernel, call: AttentionCall) -> Tuple[Kernel, List[Reason]]:
         """The kernel itself, or its compute_dtype form when only the dtype stood in the way."""
         reasons = kernel.reasons(call)
         if reasons and self.compute_dtype is not None and call.dtype == torch.float32:
@@ -128,7 +144,7 @@ class StrategyRouter:
                 cast_reasons = cast.reasons(call)
                 if not cast_reasons:
                     return cast, []
-        return kernel, [str(r) for r in reasons]
+        return kernel, list(reasons)
 
     def select(self, call: AttentionCall) -> Kernel:
         """The kernel for ``call`` (raises with every reason when none can run it)."""
@@ -179,7 +195,11 @@ class StrategyRouter:
             if not reasons:
                 results.append(CandidateResult(form.name, PICKED))
                 for rest in self.kernels[len(results) :]:
-                    results.append(CandidateResult(rest.name, "not tried", ["an earlier candidate runs this call"]))
+                    results.append(
+                        CandidateResult(
+                            rest.name, "not tried", [Reason("not-tried", "an earlier candidate runs this call")]
+                        )
+                    )
                 return Decision(bucket, form.name, mode, results, source="rule")
             results.append(CandidateResult(kernel.name, REFUSED, reasons))
         if mode == "fixed":

@@ -38,7 +38,8 @@ KEYS: Dict[str, str] = {
     "description": "one line shown by npu-port strategies (required)",
     "extends": "a strategy this one starts from; its keys are merged, mappings key by key",
     "kernel": "the one kernel this strategy runs (see npu-port kernels)",
-    "candidates": "ordered kernel names to choose from (with select)",
+    "candidates": "ordered kernel names to choose from (with select); omitted with select first or measure: every "
+    "registered kernel, most preferred first",
     "select": "fixed (one kernel), first (first candidate that can run a call) or measure (auto)",
     "processor": "custom-processor: 'package.module:Class', imported when applied",
     "env": "environment variables to set (strings), e.g. DIFFUSERS_ATTN_BACKEND",

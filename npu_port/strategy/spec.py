@@ -6,7 +6,8 @@ candidates that can, check them against the math kernel, keep the fastest correc
 environment variables that other tools read (diffusers' ``DIFFUSERS_ATTN_BACKEND``, older NPU scripts'
 ``DIFFUSERS_ATTENTION_TYPE``), options, and — for profiles — device options that the device layer reads.
 
-Every value check lives here, once, and raises ``ValueError`` with the valid choices; the YAML schema adds the
+Every value check lives here, once, and raises ``ValueError`` with the valid choices (options: through the settings
+helper, :mod:`npu_port.settings`, as :class:`~npu_port.errors.StrategyOptionError`); the YAML schema adds the
 file and line. Nothing here imports torch.
 """
 
@@ -15,6 +16,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+from ..errors import StrategyOptionError
+from ..settings import InvalidSetting, Setting, check_value, defaults_of
+from ..settings import check_name as check_setting_name
 
 SELECT_MODES = ("fixed", "first", "measure")
 KINDS = ("strategy", "profile")
@@ -40,21 +45,22 @@ _UNITS = {
 
 
 def parse_size(value: Any) -> int:
-    """A byte count from an int or a string such as ``"512MiB"`` or ``"2GiB"``."""
+    """A byte count from an int or a string such as ``"512MiB"`` or ``"2GiB"`` (:class:`InvalidSetting`, a
+    ``ValueError``, otherwise)."""
     if isinstance(value, bool):
-        raise ValueError(f"memory_budget must be a byte count or a size such as '512MiB', got {value!r}")
+        raise InvalidSetting(f"memory_budget must be a byte count or a size such as '512MiB', got {value!r}")
     if isinstance(value, int):
         size = value
     elif isinstance(value, str) and _SIZE.match(value):
         number, unit = _SIZE.match(value).groups()
         size = int(float(number) * _UNITS[unit])
     else:
-        raise ValueError(
+        raise InvalidSetting(
             f"memory_budget must be a byte count or a size such as '512MiB' (units: B, KiB, MiB, GiB, TiB, KB, MB, "
             f"GB, TB), got {value!r}"
         )
     if size < 1:
-        raise ValueError(f"memory_budget must be at least 1 byte, got {value!r}")
+        raise InvalidSetting(f"memory_budget must be at least 1 byte, got {value!r}")
     return size
 
 
@@ -62,7 +68,7 @@ def _choice(name: str, choices: Tuple[Optional[str], ...]) -> Callable[[Any], An
     def check(value: Any) -> Any:
         if value not in choices:
             shown = ", ".join("null" if c is None else c for c in choices)
-            raise ValueError(f"{name} must be one of {shown}; got {value!r}")
+            raise InvalidSetting(f"{name} must be one of {shown}; got {value!r}")
         return value
 
     return check
@@ -71,7 +77,7 @@ def _choice(name: str, choices: Tuple[Optional[str], ...]) -> Callable[[Any], An
 def _int_at_least(name: str, minimum: int) -> Callable[[Any], int]:
     def check(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+            raise InvalidSetting(f"{name} must be an integer >= {minimum}, got {value!r}")
         return value
 
     return check
@@ -80,7 +86,7 @@ def _int_at_least(name: str, minimum: int) -> Callable[[Any], int]:
 def _positive_number(name: str) -> Callable[[Any], float]:
     def check(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a number > 0, got {value!r}")
+            raise InvalidSetting(f"{name} must be a number > 0, got {value!r}")
         return float(value)
 
     return check
@@ -89,7 +95,7 @@ def _positive_number(name: str) -> Callable[[Any], float]:
 def _fraction(name: str) -> Callable[[Any], float]:
     def check(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise ValueError(f"{name} must be a number >= 0 and < 1, got {value!r}")
+            raise InvalidSetting(f"{name} must be a number >= 0 and < 1, got {value!r}")
         return float(value)
 
     return check
@@ -98,7 +104,7 @@ def _fraction(name: str) -> Callable[[Any], float]:
 def _bool(name: str) -> Callable[[Any], bool]:
     def check(value: Any) -> bool:
         if not isinstance(value, bool):
-            raise ValueError(f"{name} must be true or false, got {value!r}")
+            raise InvalidSetting(f"{name} must be true or false, got {value!r}")
         return value
 
     return check
@@ -108,80 +114,77 @@ def _sdpa_backends(value: Any) -> Tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)) or not value:
-        raise ValueError(f"sdpa_backends must be a non-empty list of {', '.join(SDPA_BACKENDS)}; got {value!r}")
+        raise InvalidSetting(f"sdpa_backends must be a non-empty list of {', '.join(SDPA_BACKENDS)}; got {value!r}")
     for item in value:
         if item not in SDPA_BACKENDS:
-            raise ValueError(
+            raise InvalidSetting(
                 f"unknown SDPA backend {item!r} in sdpa_backends; valid backends: {', '.join(SDPA_BACKENDS)}"
             )
     return tuple(dict.fromkeys(value))
 
 
-@dataclass(frozen=True)
-class OptionSpec:
-    check: Callable[[Any], Any]
-    doc: str
-
-
-#: The ``options:`` a strategy may set (and ``set_attention_strategy(**options)`` may override).
-OPTIONS: Dict[str, OptionSpec] = {
-    "memory_budget": OptionSpec(
+#: The ``options:`` a strategy may set (and ``set_attention_strategy(**options)`` may override), with their defaults,
+#: used when neither the strategy nor the caller sets one. A kernel takes a strategy option through its
+#: ``STRATEGY_OPTIONS``; one that none maps is read by the router or auto themselves.
+OPTIONS: Dict[str, Setting] = {
+    "memory_budget": Setting(
+        None,
         parse_size,
         "bytes an attention call may use for scores (int or '512MiB'); sizes the chunked kernel, and auto refuses "
         "candidates estimated to need more",
     ),
-    "sdpa_backends": OptionSpec(_sdpa_backends, "pin the sdpa kernel to these backends: " + ", ".join(SDPA_BACKENDS)),
-    "dtype_policy": OptionSpec(
+    "sdpa_backends": Setting(
+        None, _sdpa_backends, "pin the sdpa kernel to these backends: " + ", ".join(SDPA_BACKENDS), SDPA_BACKENDS
+    ),
+    "dtype_policy": Setting(
+        "fp32-softmax",
         _choice("dtype_policy", DTYPE_POLICIES),
         "fp32-softmax (default: math/chunked take softmax in float32) or native (legacy half-precision products)",
+        DTYPE_POLICIES,
     ),
-    "compute_dtype": OptionSpec(
+    "compute_dtype": Setting(
+        None,
         _choice("compute_dtype", (None,) + COMPUTE_DTYPES),
         "cast float32 inputs to this dtype for the kernel and the output back (lets fp16/bf16-only kernels such as "
         "the Ascend ops run float32 models; changes precision, so auto's parity check applies)",
+        COMPUTE_DTYPES,
     ),
-    "repeats": OptionSpec(
-        _int_at_least("repeats", 1), "auto: timed rounds per candidate (their median and middle half are kept)"
+    "repeats": Setting(
+        5, _int_at_least("repeats", 1), "auto: timed rounds per candidate (their median and middle half are kept)"
     ),
-    "warmup": OptionSpec(_int_at_least("warmup", 0), "auto: untimed runs per candidate before timing (min 1)"),
-    "probe_seconds": OptionSpec(
-        _positive_number("probe_seconds"), "auto: time budget for measuring one shape bucket (seconds)"
+    "warmup": Setting(2, _int_at_least("warmup", 0), "auto: untimed runs per candidate before timing (min 1)"),
+    "probe_seconds": Setting(
+        2.0, _positive_number("probe_seconds"), "auto: time budget for measuring one shape bucket (seconds)"
     ),
-    "parity_rows": OptionSpec(
-        _int_at_least("parity_rows", 1), "auto: query rows of the slice checked against the math kernel"
+    "parity_rows": Setting(
+        64, _int_at_least("parity_rows", 1), "auto: query rows of the slice checked against the math kernel"
     ),
-    "margin": OptionSpec(
+    "margin": Setting(
+        0.10,
         _fraction("margin"),
         "auto: a candidate replaces an earlier one (strategy order) only if it is clearly faster: the earlier one's "
         "median time is more than 1 + margin times its own, and their timings' middle halves do not overlap "
         "(default 0.10)",
     ),
-    "cache": OptionSpec(_bool("cache"), "auto: keep decisions in the on-disk cache (true by default)"),
+    "cache": Setting(
+        True, _bool("cache"), "auto: keep decisions in the on-disk cache (true by default)", (True, False)
+    ),
 }
 
 #: Defaults used when neither the strategy nor the caller sets an option.
-DEFAULT_OPTIONS: Dict[str, Any] = {
-    "memory_budget": None,
-    "sdpa_backends": None,
-    "dtype_policy": "fp32-softmax",
-    "compute_dtype": None,
-    "repeats": 5,
-    "warmup": 2,
-    "probe_seconds": 2.0,
-    "parity_rows": 64,
-    "margin": 0.10,
-    "cache": True,
-}
+DEFAULT_OPTIONS: Dict[str, Any] = defaults_of(OPTIONS)
+
+#: How an option that does not exist is reported.
+UNKNOWN_OPTION = "unknown strategy option {name!r}; valid options: {valid}"
 
 
 def check_option(name: str, value: Any) -> Any:
-    """The normalised value of one strategy option, or ``ValueError`` naming the valid options and values."""
-    spec = OPTIONS.get(name)
-    if spec is None:
-        raise ValueError(f"unknown strategy option {name!r}; valid options: {', '.join(OPTIONS)}")
-    if value is None and DEFAULT_OPTIONS[name] is None:
+    """The normalised value of one strategy option, or :class:`StrategyOptionError` (a ``ValueError``) naming the
+    valid options and values. None sets an option whose default is None back to it."""
+    setting = check_setting_name(name, OPTIONS, error=StrategyOptionError, unknown=UNKNOWN_OPTION)
+    if value is None and setting.default is None:
         return None
-    return spec.check(value)
+    return check_value(name, value, setting, error=StrategyOptionError)
 
 
 def check_name(name: Any, what: str = "strategy name") -> str:
@@ -242,9 +245,8 @@ class Strategy:
 
     def option(self, name: str) -> Any:
         """An option's value, the strategy's or the default."""
-        if name not in DEFAULT_OPTIONS:
-            raise ValueError(f"unknown strategy option {name!r}; valid options: {', '.join(OPTIONS)}")
-        return self.options.get(name, DEFAULT_OPTIONS[name])
+        setting = check_setting_name(name, OPTIONS, error=StrategyOptionError, unknown=UNKNOWN_OPTION)
+        return self.options.get(name, setting.default)
 
     def with_overrides(self, **overrides: Any) -> "Strategy":
         """A copy with ``set_attention_strategy(**options)`` applied (validated like the YAML)."""

@@ -20,6 +20,7 @@ from torch import Tensor
 from ..._optional import PackageStatus, probe
 from ...errors import KernelOptionError
 from ...reasons import Reason
+from ...settings import InvalidSetting, Setting, validate
 from ..call import AttentionCall
 from ..masks import dtype_name
 
@@ -35,7 +36,7 @@ def check_bool(name: str) -> Callable[[Any], bool]:
 
     def check(value: Any) -> bool:
         if not isinstance(value, bool):
-            raise KernelOptionError(f"option {name} must be True or False, got {value!r}")
+            raise InvalidSetting(f"option {name} must be True or False, got {value!r}")
         return value
 
     return check
@@ -46,19 +47,38 @@ def check_positive_int_or_none(name: str) -> Callable[[Any], Optional[int]]:
 
     def check(value: Any) -> Optional[int]:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise KernelOptionError(f"option {name} must be a positive int or None, got {value!r}")
+            raise InvalidSetting(f"option {name} must be a positive int or None, got {value!r}")
         return value
 
     return check
 
 
-@dataclass(frozen=True)
-class Option:
-    """A kernel option: its default, a check that returns the normalised value (or raises), and a doc line."""
+#: A kernel option: ``Option(default, check, doc)`` — a :class:`~npu_port.settings.Setting`, checked by the one
+#: settings helper; a check raises :class:`~npu_port.settings.InvalidSetting` with the whole message.
+Option = Setting
 
-    default: Any
-    check: Callable[[Any], Any]
-    doc: str
+#: How a kernel reports an option it does not have.
+UNKNOWN_OPTION = "kernel {kernel!r} has no option {name!r}; valid options: {valid}"
+
+
+def _unchanged(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class FromStrategy:
+    """A kernel option that a strategy option sets: the strategy layer reads ``option`` from the strategy and, when
+    its value is not None, gives the kernel ``convert(value)``. Declared on the kernel (``STRATEGY_OPTIONS``) so that
+    the strategy layer needs no list of which kernel takes what (the kernel layer knows no strategy: ``option`` is
+    only a name here, checked against the strategy options when a strategy is built)."""
+
+    option: str
+    convert: Callable[[Any], Any] = _unchanged
+
+
+def fp32_softmax(dtype_policy: str) -> bool:
+    """The ``upcast`` option of the math-style kernels from a strategy's ``dtype_policy``."""
+    return dtype_policy == "fp32-softmax"
 
 
 class Kernel:
@@ -86,15 +106,25 @@ class Kernel:
     zeros_hide_nan: ClassVar[bool] = False
     OPTIONS: ClassVar[Mapping[str, Option]] = {}
 
+    # ---- where the kernel stands among the others: every list of kernels is derived from these -------------------
+
+    #: The preference order of ``auto`` (a strategy that names no candidates) and of the default selection: higher is
+    #: tried first (ties: registration order). Built-ins: npu_fused_infer 70, npu_fusion 60, flash_attn 50,
+    #: xformers 40, sdpa 30, chunked 20, math 10; a kernel that declares nothing comes after them.
+    priority: ClassVar[int] = 0
+    #: Whether ``kernel=None`` with no strategy set tries this kernel (in priority order).
+    default_selection: ClassVar[bool] = False
+    #: Place in listings (``npu_port.kernels()``, ``npu-port kernels``): lower first; None = after every kernel that
+    #: sets one, in registration order. Built-ins: math 10, sdpa 20, chunked 30, npu_fusion 40, npu_fused_infer 50,
+    #: xformers 60, flash_attn 70 (reference first, then portable, then device-specific).
+    listing_order: ClassVar[Optional[int]] = None
+    #: Kernel option -> the strategy option that sets it (see :class:`FromStrategy`).
+    STRATEGY_OPTIONS: ClassVar[Mapping[str, FromStrategy]] = {}
+
     def __init__(self, **options: Any) -> None:
-        unknown = sorted(set(options) - set(self.OPTIONS))
-        if unknown:
-            valid = ", ".join(self.OPTIONS) or "none"
-            raise KernelOptionError(f"kernel {self.name!r} has no option {unknown[0]!r}; valid options: {valid}")
-        values: Dict[str, Any] = {}
-        for key, option in self.OPTIONS.items():
-            values[key] = option.check(options[key]) if key in options else option.default
-        self._options = values
+        self._options = validate(
+            options, self.OPTIONS, error=KernelOptionError, unknown=UNKNOWN_OPTION, defaults=True, kernel=self.name
+        )
 
     @property
     def options(self) -> Dict[str, Any]:

@@ -29,7 +29,7 @@ from ..masks import causal_keep
 from ..registry import register_kernel
 from ._matmul import fold_kv, fold_query, fold_scores, scaled_scores, unfold_scores
 from ._softmax import masked_softmax, upcast_dtype
-from .base import Kernel, Option, check_bool, check_positive_int_or_none
+from .base import FromStrategy, Kernel, Option, check_bool, check_positive_int_or_none, fp32_softmax
 
 MiB = 1 << 20
 #: Budget caps when ``max_bytes`` is not given: large enough for efficient products, small enough to leave room.
@@ -104,6 +104,13 @@ class ChunkedKernel(Kernel):
 
     name = "chunked"
     summary = "exact attention in query/key blocks under a memory budget (online softmax); never O(Sq*Skv) memory"
+    priority = 20
+    default_selection = True
+    listing_order = 30
+    STRATEGY_OPTIONS = {
+        "max_bytes": FromStrategy("memory_budget"),
+        "upcast": FromStrategy("dtype_policy", fp32_softmax),
+    }
     OPTIONS = {
         "max_bytes": Option(
             None,

@@ -25,6 +25,9 @@ class FlashAttnKernel(Kernel):
 
     name = "flash_attn"
     summary = "flash_attn.flash_attn_func (FlashAttention 2; no masks; (B, S, H, D) layout)"
+    priority = 50
+    default_selection = False
+    listing_order = 70
     package = "flash_attn"
     device_types = ("cuda",)
     dtypes = (torch.float16, torch.bfloat16)

@@ -23,7 +23,7 @@ from ..call import AttentionCall
 from ..registry import register_kernel
 from ._matmul import fold_kv, fold_query, fold_scores, scaled_scores, unfold_scores
 from ._softmax import masked_softmax, upcast_dtype
-from .base import Kernel, Option, check_bool, full_score_bytes
+from .base import FromStrategy, Kernel, Option, check_bool, fp32_softmax, full_score_bytes
 
 
 @register_kernel
@@ -32,6 +32,10 @@ class MathKernel(Kernel):
 
     name = "math"
     summary = "reference baddbmm + float32 softmax + bmm (the 'vanilla' formulation), NaN-safe; O(Sq*Skv) memory"
+    priority = 10
+    default_selection = True
+    listing_order = 10
+    STRATEGY_OPTIONS = {"upcast": FromStrategy("dtype_policy", fp32_softmax)}
     OPTIONS = {
         "upcast": Option(
             True,

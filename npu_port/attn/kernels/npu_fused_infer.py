@@ -26,6 +26,9 @@ class NpuFusedInferKernel(Kernel):
 
     name = "npu_fused_infer"
     summary = "Ascend torch_npu.npu_fused_infer_attention_score (inference; PFA/IFA unified)"
+    priority = 70
+    default_selection = True
+    listing_order = 50
     package = _ascend.PACKAGE
     device_types = ("npu",)
     dtypes = (torch.float16, torch.bfloat16)

@@ -26,6 +26,9 @@ class NpuFusionKernel(Kernel):
 
     name = "npu_fusion"
     summary = "Ascend torch_npu.npu_fusion_attention (FlashAttentionScore; has a backward)"
+    priority = 60
+    default_selection = True
+    listing_order = 40
     package = _ascend.PACKAGE
     device_types = ("npu",)
     dtypes = (torch.float16, torch.bfloat16, torch.float32)

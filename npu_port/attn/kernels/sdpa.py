@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...errors import KernelOptionError, KernelRuntimeError
+from ...errors import KernelRuntimeError
 from ...reasons import Reason
+from ...settings import InvalidSetting
 from ..call import AttentionCall
 from ..registry import register_kernel
-from .base import Kernel, Option, full_score_bytes, unmask_empty_rows, zero_fully_masked_rows
+from .base import FromStrategy, Kernel, Option, full_score_bytes, unmask_empty_rows, zero_fully_masked_rows
 
 #: Our backend names -> ``torch.nn.attention.SDPBackend`` member names.
 BACKENDS = {
@@ -46,10 +47,10 @@ def _check_backends(value: Any) -> Optional[Tuple[str, ...]]:
     try:
         names = tuple(value)
     except TypeError:
-        raise KernelOptionError(f"option backends must be a list of names, got {value!r}") from None
+        raise InvalidSetting(f"option backends must be a list of names, got {value!r}") from None
     bad = [n for n in names if n not in BACKENDS]
     if bad or not names:
-        raise KernelOptionError(
+        raise InvalidSetting(
             f"unknown SDPA backend {bad[0] if bad else '(empty list)'!r}; valid backends: {', '.join(BACKENDS)}"
         )
     return tuple(dict.fromkeys(names))
@@ -91,6 +92,10 @@ class SdpaKernel(Kernel):
 
     name = "sdpa"
     summary = "torch.nn.functional.scaled_dot_product_attention (fused backends picked by torch), NaN-safe"
+    priority = 30
+    default_selection = True
+    listing_order = 20
+    STRATEGY_OPTIONS = {"backends": FromStrategy("sdpa_backends")}
     #: torch's CPU flash kernel treats a row whose scores are all NaN as empty and writes zeros (a NaN query row, a
     #: head whose keys are all NaN); every other NaN it reads it passes on. (Under is_causal with fewer queries than
     #: keys it never reads the keys past the last query: the router does not rely on this flag there.)
@@ -101,6 +106,7 @@ class SdpaKernel(Kernel):
             None,
             _check_backends,
             "pin SDPA to these backends via torch.nn.attention.sdpa_kernel: " + ", ".join(BACKENDS),
+            tuple(BACKENDS),
         ),
     }
 

@@ -44,6 +44,9 @@ class XformersKernel(Kernel):
 
     name = "xformers"
     summary = "xformers.ops.memory_efficient_attention (BMHK layout, additive biases)"
+    priority = 40
+    default_selection = False
+    listing_order = 60
     package = "xformers"
     device_types = ("cuda",)
     dtypes = (torch.float16, torch.bfloat16, torch.float32)

@@ -24,165 +24,24 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-import threading
 import types
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as real_functional
 
+from ... import _patching
+from ..code_names import names_used_by, names_used_by_class
 from .routing import current_route
 from .scores import rewrite_call
+from .stand_ins import ROUTED_FUNCTIONAL, SDPA, routed_dispatch, routed_scaled_dot_product_attention
 
-_SDPA = "scaled_dot_product_attention"
 _NEVER_PATCHED = ("npu_port", "torch", "diffusers.models.attention_dispatch")
+#: The keys of this module's patches in :mod:`npu_port._patching`: module globals, and processor classes' methods.
+GLOBAL_KEY = "diffusers.global"
+CLASS_KEY = "diffusers.processor"
 
-_lock = threading.RLock()
-
-
-# ---- the stand-ins ---------------------------------------------------------------------------------------------
-
-
-def _sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    return query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
-
-
-def routed_scaled_dot_product_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` that goes to the active route inside a targeted module."""
-    route = current_route()
-    if route is None:
-        return real_functional.scaled_dot_product_attention(*args, **kwargs)
-    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = _sdpa_arguments(*args, **kwargs)
-    return route.attend("sdpa", query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-
-
-class RoutedFunctional(types.ModuleType):
-    """``torch.nn.functional`` as seen by a patched module: every name is the real one, read live on each access,
-    except ``scaled_dot_product_attention``, which is :func:`routed_scaled_dot_product_attention`."""
-
-    scaled_dot_product_attention = staticmethod(routed_scaled_dot_product_attention)
-
-    def __init__(self) -> None:
-        super().__init__(real_functional.__name__, real_functional.__doc__)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(real_functional, name)
-
-    def __dir__(self) -> List[str]:
-        return dir(real_functional)
-
-    def __repr__(self) -> str:
-        return "<torch.nn.functional with scaled_dot_product_attention routed by npu-port>"
-
-
-ROUTED_FUNCTIONAL = RoutedFunctional()
-
-
-def _dispatch_arguments(
-    query,
-    key,
-    value,
-    attn_mask=None,
-    dropout_p=0.0,
-    is_causal=False,
-    scale=None,
-    enable_gqa=False,
-    attention_kwargs=None,
-    *,
-    backend=None,
-    parallel_config=None,
-):
-    return query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, attention_kwargs, parallel_config
-
-
-def routed_dispatch(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """A ``dispatch_attention_fn`` that sends the call to the active route inside a targeted module.
-
-    diffusers' dispatcher works in ``(B, S, H, D)``; the route gets ``(B, H, S, D)`` and the result is permuted back,
-    as diffusers' native backend does; a 2-D ``(B, S_kv)`` mask becomes ``(B, 1, 1, S_kv)``, also as there. The
-    per-processor ``backend`` pin is overridden (routing is the point). Two cases stay with diffusers, counted as
-    declined: context parallelism (``parallel_config``; its ring/ulysses algorithms need diffusers' own backends)
-    and backend-specific ``attention_kwargs`` (a sliding window for flash, say), which SDPA semantics cannot carry.
-    """
-
-    @functools.wraps(original)
-    def dispatch_attention_fn(*args: Any, **kwargs: Any) -> torch.Tensor:
-        route = current_route()
-        if route is None:
-            return original(*args, **kwargs)
-        query, key, value, mask, dropout_p, is_causal, scale, gqa, extra, parallel = _dispatch_arguments(
-            *args, **kwargs
-        )
-        if parallel is not None:
-            route.decline("dispatch_attention_fn with parallel_config (context parallelism) runs diffusers' backend")
-            return original(*args, **kwargs)
-        if extra:
-            route.decline(
-                f"dispatch_attention_fn with attention_kwargs {sorted(extra)} runs diffusers' backend "
-                "(backend-specific options have no SDPA equivalent)"
-            )
-            return original(*args, **kwargs)
-        if mask is not None and mask.ndim == 2 and mask.shape[0] == query.shape[0] and mask.shape[1] == key.shape[1]:
-            mask = mask[:, None, None, :]
-        query, key, value = (t.permute(0, 2, 1, 3) for t in (query, key, value))
-        out = route.attend("dispatch", query, key, value, mask, dropout_p, is_causal, scale, gqa)
-        return out.permute(0, 2, 1, 3)
-
-    dispatch_attention_fn.__npu_port_original__ = original  # type: ignore[attr-defined]
-    return dispatch_attention_fn
-
-
-# ---- which globals to patch --------------------------------------------------------------------------------------
-
-
-def _code_names(code: types.CodeType, into: Set[str]) -> None:
-    into.update(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            _code_names(const, into)
-
-
-def _functions_of(value: Any) -> Iterable[Any]:
-    if isinstance(value, (staticmethod, classmethod)):
-        value = value.__func__
-    if isinstance(value, property):
-        return [f for f in (value.fget, value.fset, value.fdel) if f is not None]
-    return [value]
-
-
-_names_cache: Dict[Tuple[str, int], FrozenSet[str]] = {}
-
-
-def names_used_by(module: types.ModuleType) -> FrozenSet[str]:
-    """Every global/attribute name the functions and classes defined in ``module`` refer to (from bytecode)."""
-    key = (module.__name__, id(module))
-    cached = _names_cache.get(key)
-    if cached is not None:
-        return cached
-    names: Set[str] = set()
-    for value in list(vars(module).values()):
-        if isinstance(value, types.ModuleType) or getattr(value, "__module__", None) != module.__name__:
-            continue
-        members = vars(value).values() if isinstance(value, type) else (value,)
-        for member in members:
-            for fn in _functions_of(member):
-                code = getattr(fn, "__code__", None)
-                if isinstance(code, types.CodeType):
-                    _code_names(code, names)
-    result = frozenset(names)
-    _names_cache[key] = result
-    return result
-
-
-def names_used_by_class(cls: type) -> FrozenSet[str]:
-    """Names referred to by the methods ``cls`` itself defines (not its bases)."""
-    names: Set[str] = set()
-    for member in vars(cls).values():
-        for fn in _functions_of(member):
-            code = getattr(fn, "__code__", None)
-            if isinstance(code, types.CodeType):
-                _code_names(code, names)
-    return frozenset(names)
+_lock = _patching.LOCK
 
 
 def _patchable(module_name: str) -> bool:
@@ -192,15 +51,6 @@ def _patchable(module_name: str) -> bool:
 # ---- the shared, counted patches ---------------------------------------------------------------------------------
 
 
-class _Patch:
-    __slots__ = ("module", "name", "original", "replacement", "users")
-
-    def __init__(self, module: types.ModuleType, name: str, original: Any, replacement: Any) -> None:
-        self.module, self.name, self.original, self.replacement, self.users = module, name, original, replacement, 0
-
-
-#: (module name, global name) -> the live patch.
-_PATCHES: Dict[Tuple[str, str], _Patch] = {}
 #: id(original dispatch_attention_fn) -> its router (one per original, shared by every lease).
 _ROUTERS: Dict[int, Callable[..., Any]] = {}
 
@@ -215,27 +65,19 @@ def _router_for(original: Callable[..., Any]) -> Callable[..., Any]:
 def active_patches() -> List[Tuple[str, str]]:
     """``(module, global)`` pairs patched right now, and ``(module, Class.__call__)`` for processor classes routed
     in place (for ``explain`` and tests)."""
-    with _lock:
-        classes = [(cls.__module__, f"{cls.__qualname__}.{method}") for cls, method in _CLASS_PATCHES]
-        return sorted(list(_PATCHES) + classes)
+    found = []
+    for patch in _patching.active(lambda key: key in (GLOBAL_KEY, CLASS_KEY)):
+        if patch.key == GLOBAL_KEY:
+            found.append((patch.owner.__name__, patch.name))
+        else:
+            found.append((patch.owner.__module__, f"{patch.owner.__qualname__}.{patch.name}"))
+    return sorted(found)
 
 
 # ---- processor classes routed in place -------------------------------------------------------------------------
 
 #: What ``explain`` says of a linear-attention processor.
 LINEAR_ATTENTION = "linear attention (not softmax attention): nothing to route"
-
-
-class _ClassPatch:
-    __slots__ = ("cls", "method", "original", "replacement", "how", "users")
-
-    def __init__(self, cls: type, method: str, original: Any, replacement: Any, how: str) -> None:
-        self.cls, self.method, self.original, self.replacement = cls, method, original, replacement
-        self.how, self.users = how, 0
-
-
-#: (class, method) whose own function we replaced -> the live patch.
-_CLASS_PATCHES: Dict[Tuple[type, str], _ClassPatch] = {}
 
 
 def _call_owner(cls: type) -> Optional[Tuple[type, str]]:
@@ -310,26 +152,21 @@ class PatchLease:
     ) -> None:
         self._dispatch_original = dispatch_original
         self._stand_ins = dict(stand_ins or {})  # broken-off-device standard class -> the class we stand in for
-        self._held: Set[Tuple[str, str]] = set()
-        self._order: List[Tuple[str, str]] = []
-        self._classes: List[Tuple[type, str]] = []  # (class, method) patches this lease holds, in order
+        #: (module name, global) -> the patch this lease holds, in the order taken.
+        self._held: Dict[Tuple[str, str], _patching.Patch] = {}
+        #: (class, method) -> the in-place patch of a processor class this lease holds, in the order taken.
+        self._classes: Dict[Tuple[type, str], _patching.Patch] = {}
         self._unroutable: Dict[type, str] = {}  # processor class -> why its attention is not routed
         self._released = False
 
     def _replacement_for(self, value: Any, module: types.ModuleType) -> Optional[Any]:
         if value is real_functional:
-            return ROUTED_FUNCTIONAL if _SDPA in names_used_by(module) else None
+            return ROUTED_FUNCTIONAL if SDPA in names_used_by(module) else None
         if value is real_functional.scaled_dot_product_attention:
             return routed_scaled_dot_product_attention
         if self._dispatch_original is not None and value is self._dispatch_original:
             return _router_for(self._dispatch_original)
         return None
-
-    def _hold(self, key: Tuple[str, str]) -> None:
-        if key not in self._held:
-            self._held.add(key)
-            self._order.append(key)
-            _PATCHES[key].users += 1
 
     def cover(self, module: Optional[types.ModuleType]) -> None:
         """Patch the globals through which code in ``module`` calls SDPA or the dispatcher (or join existing ones)."""
@@ -339,19 +176,15 @@ class PatchLease:
         if not isinstance(module, types.ModuleType) or not isinstance(name, str) or not _patchable(name):
             return
         with _lock:
-            for global_name, value in list(vars(module).items()):
-                key = (name, global_name)
-                patch = _PATCHES.get(key)
-                if patch is not None:
-                    if patch.module is module and value is patch.replacement:
-                        self._hold(key)
-                    continue  # someone replaced our stand-in since: theirs stays, unrouted
-                replacement = self._replacement_for(value, module)
-                if replacement is None:
+            for global_name in list(vars(module)):
+                if (name, global_name) in self._held:
                     continue
-                _PATCHES[key] = _Patch(module, global_name, value, replacement)
-                setattr(module, global_name, replacement)
-                self._hold(key)
+                # someone replaced our stand-in since: acquire gives None, theirs stays, unrouted
+                patch = _patching.acquire(
+                    module, global_name, lambda value: self._replacement_for(value, module), key=GLOBAL_KEY
+                )
+                if patch is not None:
+                    self._held[(name, global_name)] = patch
 
     def cover_loaded_diffusers(self) -> None:
         """Patch every loaded ``diffusers.*`` module that calls SDPA or the dispatcher."""
@@ -371,11 +204,10 @@ class PatchLease:
             if found is None or found in self._classes or is_linear_attention(cls):
                 return
             owner, method = found
-            if found in _CLASS_PATCHES:
-                patch = _CLASS_PATCHES[found]
-                if vars(owner).get(method) is patch.replacement:
-                    patch.users += 1
-                    self._classes.append(found)
+            live = _patching.find(owner, method, CLASS_KEY)
+            if live is not None:
+                if live.live:
+                    self._classes[found] = _patching.hold(live)
                 return  # replaced by someone else since ours: theirs stays, unrouted
             original = vars(owner)[method]
             stands_in_for = self._stand_ins.get(owner)
@@ -390,17 +222,16 @@ class PatchLease:
                     if how != "no get_attention_scores call":
                         self._unroutable[cls] = how
                     return
-            patch = _CLASS_PATCHES[found] = _ClassPatch(owner, method, original, replacement, how)
-            setattr(owner, method, replacement)
-            patch.users += 1
-            self._classes.append(found)
+            patch = _patching.replace(owner, method, replacement, key=CLASS_KEY)
+            patch.note = how
+            self._classes[found] = patch
 
     def explain(self, cls: type) -> Tuple[str, str]:
         """``("routed", how)``, ``("linear", why)`` or ``("kept", why not)`` for a processor class covered here."""
         with _lock:
             found = _call_owner(cls)
             if found in self._classes:
-                return "routed", _CLASS_PATCHES[found].how if found in _CLASS_PATCHES else "routed in place"
+                return "routed", self._classes[found].note or "routed in place"
         if is_linear_attention(cls):
             return "linear", LINEAR_ATTENTION
         if self.routes(cls):
@@ -421,10 +252,10 @@ class PatchLease:
                 if klass in (object, torch.nn.Module):
                     continue
                 names = names_used_by_class(klass)
-                for key in self._held:
-                    if key[0] != klass.__module__ or key[1] not in names:
+                for (module_name, global_name), patch in self._held.items():
+                    if module_name != klass.__module__ or global_name not in names:
                         continue
-                    if _PATCHES[key].replacement is not ROUTED_FUNCTIONAL or _SDPA in names:
+                    if patch.replacement is not ROUTED_FUNCTIONAL or SDPA in names:
                         return True
         return False
 
@@ -434,25 +265,9 @@ class PatchLease:
             return
         self._released = True
         with _lock:
-            for key in reversed(self._order):
-                patch = _PATCHES.get(key)
-                if patch is None:
-                    continue
-                patch.users -= 1
-                if patch.users <= 0:
-                    del _PATCHES[key]
-                    if vars(patch.module).get(patch.name) is patch.replacement:
-                        setattr(patch.module, patch.name, patch.original)
-            for found in reversed(self._classes):
-                class_patch = _CLASS_PATCHES.get(found)
-                if class_patch is None:
-                    continue
-                class_patch.users -= 1
-                if class_patch.users <= 0:
-                    del _CLASS_PATCHES[found]
-                    owner, method = found
-                    if vars(owner).get(method) is class_patch.replacement:  # someone else's stays
-                        setattr(owner, method, class_patch.original)
+            for patch in reversed(list(self._held.values())):
+                _patching.release(patch)
+            for patch in reversed(list(self._classes.values())):
+                _patching.release(patch)
             self._held.clear()
-            self._order.clear()
             self._classes.clear()

@@ -22,33 +22,33 @@ on the copy later is not routed.
 from __future__ import annotations
 
 import functools
-import threading
 import weakref
-from typing import Any, Callable, Dict, List
+from typing import Callable, Dict, List
 
 from torch import nn
 
+from ... import _patching
+
 Watcher = Callable[[nn.Module], None]
 
-_lock = threading.RLock()
+#: The key of the ``set_processor`` patches (one per class, counted by the modules watched through it).
+KEY = "diffusers.watch"
 
 
 class _Watched:
-    """One watched module: a weak reference to it, the class whose ``set_processor`` is wrapped for it, and its
-    watchers in the order they were added."""
+    """One watched module: a weak reference to it, the patch of its class's ``set_processor``, and its watchers in
+    the order they were added."""
 
-    __slots__ = ("ref", "klass", "watchers")
+    __slots__ = ("ref", "patch", "watchers")
 
-    def __init__(self, ref: "weakref.ref[nn.Module]", klass: type) -> None:
+    def __init__(self, ref: "weakref.ref[nn.Module]", patch: _patching.Patch) -> None:
         self.ref = ref
-        self.klass = klass
+        self.patch = patch
         self.watchers: List[Watcher] = []
 
 
 #: id(module) -> its entry; the weak reference's callback removes the entry when the module is freed.
 _WATCHED: Dict[int, _Watched] = {}
-#: class whose own ``set_processor`` we wrapped -> [the original function, how many watched modules rely on it].
-_WRAPPED: Dict[type, List[Any]] = {}
 
 
 def _defining_class(module: nn.Module) -> type:
@@ -58,9 +58,9 @@ def _defining_class(module: nn.Module) -> type:
     raise TypeError(f"{type(module).__name__} has no set_processor method; it is not a diffusers attention module")
 
 
-def _watching(original: Callable[..., Any]) -> Callable[..., Any]:
+def _watching(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def set_processor(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def set_processor(self: nn.Module, *args: object, **kwargs: object) -> object:
         result = original(self, *args, **kwargs)
         entry = _WATCHED.get(id(self))
         if entry is not None and entry.ref() is self:
@@ -72,26 +72,26 @@ def _watching(original: Callable[..., Any]) -> Callable[..., Any]:
     return set_processor
 
 
-def _release_class(klass: type) -> None:
-    """One watched module of ``klass`` fewer; the last one puts ``set_processor`` back (if still ours)."""
-    entry = _WRAPPED.get(klass)
-    if entry is None:
-        return
-    entry[1] -= 1
-    if entry[1] <= 0:
-        del _WRAPPED[klass]
-        current = vars(klass).get("set_processor")
-        if getattr(current, "__npu_port_original__", None) is entry[0]:  # someone else's wrapper stays
-            klass.set_processor = entry[0]
+def _class_patch(klass: type) -> _patching.Patch:
+    """Hold the wrap of ``klass.set_processor`` (made on first use; joined, even if someone wrapped it since)."""
+    patch = _patching.find(klass, "set_processor", KEY)
+    if patch is not None:
+        return _patching.hold(patch)
+    return _patching.replace(klass, "set_processor", _watching(vars(klass)["set_processor"]), key=KEY)
+
+
+def _drop(key: int, entry: _Watched) -> None:
+    """Forget a watched module; the last one of its class puts ``set_processor`` back (if still ours)."""
+    del _WATCHED[key]
+    _patching.release(entry.patch)
 
 
 def _forget(key: int) -> Callable[["weakref.ref[nn.Module]"], None]:
     def freed(ref: "weakref.ref[nn.Module]") -> None:  # the module is gone: its entry and its count go with it
-        with _lock:
+        with _patching.LOCK:
             entry = _WATCHED.get(key)
             if entry is not None and entry.ref is ref:
-                del _WATCHED[key]
-                _release_class(entry.klass)
+                _drop(key, entry)
 
     return freed
 
@@ -103,39 +103,34 @@ def watch(module: nn.Module, watcher: Watcher) -> Callable[[], None]:
     """
     klass = _defining_class(module)
     key = id(module)
-    with _lock:
+    with _patching.LOCK:
         entry = _WATCHED.get(key)
-        if entry is None or entry.ref() is not module:
-            wrapped = _WRAPPED.get(klass)
-            if wrapped is None:
-                original = vars(klass)["set_processor"]
-                wrapped = _WRAPPED[klass] = [original, 0]
-                klass.set_processor = _watching(original)
-            wrapped[1] += 1
-            entry = _WATCHED[key] = _Watched(weakref.ref(module, _forget(key)), klass)
+        if entry is not None and entry.ref() is not module:  # a freed module's id, reused before its callback ran
+            _drop(key, entry)
+            entry = None
+        if entry is None:
+            entry = _WATCHED[key] = _Watched(weakref.ref(module, _forget(key)), _class_patch(klass))
         entry.watchers.append(watcher)
     ref = entry.ref
 
     def unwatch() -> None:
-        with _lock:
+        with _patching.LOCK:
             current = _WATCHED.get(key)
             if current is None or current.ref is not ref or watcher not in current.watchers:
                 return  # already stopped, or the module is gone
             current.watchers.remove(watcher)
             if not current.watchers:
-                del _WATCHED[key]
-                _release_class(current.klass)
+                _drop(key, current)
 
     return unwatch
 
 
 def watched_modules() -> int:
     """How many modules are watched right now (for tests: it must not grow with models that are gone)."""
-    with _lock:
+    with _patching.LOCK:
         return len(_WATCHED)
 
 
 def wrapped_classes() -> List[str]:
     """Classes whose ``set_processor`` is wrapped right now (for tests and ``explain``)."""
-    with _lock:
-        return sorted(f"{k.__module__}.{k.__qualname__}" for k in _WRAPPED)
+    return sorted(_patching.describe_owner(p.owner) for p in _patching.active(lambda key: key == KEY))
