@@ -18,7 +18,7 @@ may be). Importing this module imports nothing beyond the standard library.
 
 from __future__ import annotations
 
-import threading
+import _thread  # documented low-level locks: `import npu_port` imports this module and skips threading's cost
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import StrategyError
@@ -26,7 +26,7 @@ from ..errors import StrategyError
 #: ``apply(target, attention_fn, *, processor_factory=None) -> record`` (see the module docstring).
 ApplyFn = Callable[..., Any]
 
-_lock = threading.RLock()
+_lock = _thread.allocate_lock()  # never held while calling out, so never re-entered
 _appliers: Dict[str, "TargetApplier"] = {}  # by name, in registration order
 
 
