@@ -37,13 +37,13 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-import npu_port
 from npu_port.bench.results import machine_info
 from npu_port.bench.runner import Settings, make_call, reference, resolve_device, resolve_dtype
 from npu_port.bench.shapes import parse_shapes
 from npu_port.device import free_memory_bytes
 from npu_port.device.timing import Rounds, timed
 from npu_port.strategy.measure import TOLERANCE, parity_slice
+from npu_port.strategy.registry import get_strategy
 from npu_port.strategy.router import FREE_MEMORY_SHARE, StrategyRouter
 
 QUICK_SHAPES = "custom:1,2,64,16,custom:1,4,256,32"
@@ -169,7 +169,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.quick:
         args.shapes, args.rounds, args.trials = args.shapes or QUICK_SHAPES, min(args.rounds, 5), 1
     shapes, skipped = parse_shapes(args.shapes, device.type)
-    strategy = npu_port.get_strategy(args.strategy)
+    strategy = get_strategy(args.strategy)
     if strategy.select != "measure":
         parser.error(f"--strategy {args.strategy} selects by {strategy.select!r}; this benchmark checks 'measure'")
 

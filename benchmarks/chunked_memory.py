@@ -34,6 +34,7 @@ CHILD = r"""
 import json, resource, sys
 import torch
 import npu_port
+from npu_port.attn import AttentionCall, get_kernel
 from npu_port.device.timing import timed
 
 spec = json.loads(sys.argv[1])
@@ -46,7 +47,7 @@ shape = (spec["batch"], spec["heads"], spec["seq"], spec["dim"])
 dtype = getattr(torch, spec["dtype"])
 query, key, value = (torch.randn(shape).to(device=device, dtype=dtype) for _ in range(3))
 options = spec["options"]
-kernel = npu_port.get_kernel(spec["kernel"], **options) if spec["kernel"] != "legacy" else None
+kernel = get_kernel(spec["kernel"], **options) if spec["kernel"] != "legacy" else None
 
 def legacy(q, k, v):
     # the hand-written formulation ported projects use: scores and probabilities both materialised
@@ -76,7 +77,7 @@ with torch.no_grad():
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
 plan = None
 if spec["kernel"] == "chunked":
-    plan = kernel.plan(npu_port.AttentionCall.from_arguments(query, key, value)).describe()
+    plan = kernel.plan(AttentionCall.from_arguments(query, key, value)).describe()
 torch.save(out.float().cpu(), spec["output"])
 print(json.dumps({"extra_peak_bytes": peak, "seconds": seconds, "plan": plan}))
 """

@@ -23,6 +23,7 @@ import torch
 
 import npu_port
 from npu_port import masks
+from npu_port.attn import AttentionCall
 from npu_port.device.timing import repeat, spread
 
 #: name -> (batch, heads, kv_heads, q_len, key_len, head_dim, causal, mask kind)
@@ -71,7 +72,7 @@ def check(device: torch.device, dtypes: List[torch.dtype], repeats: int) -> List
                     kernel="math",
                     **kwargs,
                 )
-                call = npu_port.AttentionCall.from_arguments(query, key, value, mask, **kwargs)
+                call = AttentionCall.from_arguments(query, key, value, mask, **kwargs)
                 for kernel in npu_port.kernels():
                     row = {"case": name, "dtype": str(dtype).replace("torch.", ""), "kernel": kernel.name}
                     reasons = kernel.reasons(call)

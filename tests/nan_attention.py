@@ -8,6 +8,8 @@ import contextlib
 from typing import Iterator
 
 import npu_port
+from npu_port.attn import get_kernel
+from npu_port.strategy.registry import unregister_strategy
 
 STRATEGY = "test-nan"
 KERNEL = "test_nan_attention"
@@ -18,7 +20,7 @@ class NanKernel(npu_port.Kernel):
     summary = "the math kernel's output times NaN (test)"
 
     def run(self, call):
-        return npu_port.get_kernel("math").run(call) * float("nan")
+        return get_kernel("math").run(call) * float("nan")
 
 
 @contextlib.contextmanager
@@ -31,7 +33,7 @@ def nan_strategy() -> Iterator[str]:
         try:
             yield STRATEGY
         finally:
-            npu_port.unregister_strategy(STRATEGY)
+            unregister_strategy(STRATEGY)
     finally:  # there is no unregister_kernel: the registry's own tables are cleaned, as test_kernel_selection does
         registry._KERNELS.pop(KERNEL, None)
         registry._DEFAULTS.pop(KERNEL, None)

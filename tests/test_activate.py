@@ -9,8 +9,8 @@ import torch
 
 import npu_port
 from npu_port.device.redirect import patched_attributes
+from npu_port.dropins.finder import StandInFinder, registered
 from npu_port.runtime.watch_imports import ImportWatcher
-from npu_port.shims.finder import StandInFinder, registered
 
 
 def test_activate_then_deactivate_leaves_nothing_behind(tmp_path):

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import npu_port
 from npu_port import masks
+from npu_port.attn import AttentionCall, get_kernel, kernel_names
 from npu_port.errors import KernelUnavailableError
 
 from .conftest import all_stand_ins
@@ -25,14 +26,12 @@ from .strategies import FLOAT_FORMS, Case, attention_cases
 
 #: Kernel variants under test: every registered kernel, plus the chunked kernel forced into small blocks (query
 #: blocks only, and query x key blocks with the online softmax) so the blocking paths see every case too.
-VARIANTS: Dict[str, Callable[[], npu_port.Kernel]] = {
-    name: (lambda n=name: npu_port.get_kernel(n)) for name in npu_port.kernel_names()
-}
-VARIANTS["chunked[q-blocks]"] = lambda: npu_port.get_kernel("chunked", query_block=3)
-VARIANTS["chunked[q+k-blocks]"] = lambda: npu_port.get_kernel("chunked", query_block=4, key_block=3)
-VARIANTS["chunked[budget]"] = lambda: npu_port.get_kernel("chunked", max_bytes=4096)
-VARIANTS["math[no-upcast]"] = lambda: npu_port.get_kernel("math", upcast=False)
-VARIANTS["chunked[no-upcast]"] = lambda: npu_port.get_kernel("chunked", upcast=False, query_block=5, key_block=4)
+VARIANTS: Dict[str, Callable[[], npu_port.Kernel]] = {name: (lambda n=name: get_kernel(n)) for name in kernel_names()}
+VARIANTS["chunked[q-blocks]"] = lambda: get_kernel("chunked", query_block=3)
+VARIANTS["chunked[q+k-blocks]"] = lambda: get_kernel("chunked", query_block=4, key_block=3)
+VARIANTS["chunked[budget]"] = lambda: get_kernel("chunked", max_bytes=4096)
+VARIANTS["math[no-upcast]"] = lambda: get_kernel("math", upcast=False)
+VARIANTS["chunked[no-upcast]"] = lambda: get_kernel("chunked", upcast=False, query_block=5, key_block=4)
 
 TRAINING = (
     "math",
@@ -127,7 +126,7 @@ def _check_refusal(kernel: npu_port.Kernel, case: Case, found, expected: Set[str
 def test_forward_matches_float64_reference(variant, case):
     with all_stand_ins(), torch.no_grad():
         kernel = VARIANTS[variant]()
-        call = npu_port.AttentionCall.from_arguments(case.query, case.key, case.value, case.attn_mask, **case.kwargs())
+        call = AttentionCall.from_arguments(case.query, case.key, case.value, case.attn_mask, **case.kwargs())
         found = kernel.reasons(call)
         expected = expected_refusals(variant, case)
         if expected or found:
@@ -148,8 +147,8 @@ def test_pure_float_masks_run_on_bool_only_kernels_after_explicit_conversion(var
     """Ascend ops take bool masks only: a pure 0/-inf (or finfo.min) mask converts explicitly and then matches."""
     converted = Case(**{**case.__dict__, "attn_mask": masks.keep_from_additive(case.attn_mask), "form": "bool"})
     with all_stand_ins(), torch.no_grad():
-        kernel = npu_port.get_kernel(variant)
-        call = npu_port.AttentionCall.from_arguments(
+        kernel = get_kernel(variant)
+        call = AttentionCall.from_arguments(
             converted.query, converted.key, converted.value, converted.attn_mask, **converted.kwargs()
         )
         found = kernel.reasons(call)
@@ -170,7 +169,7 @@ def test_gradients_match_float64_reference(variant, data):
     with all_stand_ins():
         kernel = VARIANTS[variant]()
         query, key, value = (t.clone().requires_grad_(True) for t in (case.query, case.key, case.value))
-        call = npu_port.AttentionCall.from_arguments(query, key, value, case.attn_mask, **case.kwargs())
+        call = AttentionCall.from_arguments(query, key, value, case.attn_mask, **case.kwargs())
         found = kernel.reasons(call)
         expected = expected_refusals(variant, case, needs_grad=True)
         if expected or found:
@@ -194,7 +193,7 @@ def test_half_precision_gradients_are_finite(variant, case):
     with all_stand_ins():
         kernel = VARIANTS[variant]()
         tensors = [t.clone().requires_grad_(True) for t in (case.query, case.key, case.value)]
-        call = npu_port.AttentionCall.from_arguments(*tensors, case.attn_mask, **case.kwargs())
+        call = AttentionCall.from_arguments(*tensors, case.attn_mask, **case.kwargs())
         if kernel.reasons(call):
             assert {r.code for r in kernel.reasons(call)} == expected_refusals(variant, case, needs_grad=True)
             return

@@ -20,11 +20,12 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-import npu_port
+from npu_port.attn import get_kernel
 from npu_port.attn.call import AttentionCall
 from npu_port.strategy import measure as measure_module
 from npu_port.strategy.decision import PICKED, Decision, bucket_key
 from npu_port.strategy.measure import MIN_CONFIDENT_RUNS, measure
+from npu_port.strategy.registry import get_strategy
 from npu_port.strategy.router import StrategyRouter
 from npu_port.strategy.spec import DEFAULT_OPTIONS, check_option
 
@@ -77,7 +78,7 @@ def decide(
     """measure() over the scripted kernels, in the order given (the first is the preferred one). The probe budget is
     generous by default so that a slow test machine cannot cut the rounds short and change what is compared."""
     call = AttentionCall.from_arguments(*qkv())
-    kernels = [npu_port.get_kernel(name) for name in timings]
+    kernels = [get_kernel(name) for name in timings]
     with scripted(timings, stall):
         return measure(
             call,
@@ -99,7 +100,7 @@ def by_name(decision: Decision):
 def auto_router(**overrides):
     options = dict(candidates=["sdpa", "math"], probe_seconds=60.0)
     options.update(overrides)
-    return StrategyRouter(npu_port.get_strategy("auto").with_overrides(**options))
+    return StrategyRouter(get_strategy("auto").with_overrides(**options))
 
 
 # ---- the rule -----------------------------------------------------------------------------------------------------

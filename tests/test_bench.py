@@ -18,12 +18,14 @@ import torch
 
 import npu_port
 from npu_port._optional import extra_hint
+from npu_port.attn import AttentionCall
 from npu_port.bench import BenchError
 from npu_port.bench.memory import AllocationTracker
 from npu_port.bench.report import COLUMNS
 from npu_port.bench.runner import Settings, choose, select_strategies
 from npu_port.bench.shapes import SHAPES, parse_shapes
 from npu_port.cli.main import main
+from npu_port.strategy.registry import get_strategy
 
 from .conftest import emulated_torch_npu
 
@@ -101,9 +103,9 @@ def test_controlvideo_shape_is_refused_for_math_from_its_size_alone():
     """61440 tokens: 483 GiB of float32 scores. Refused from ``score_bytes``; meta tensors prove nothing ran."""
     shape = SHAPES["video-15x4096"]
     q, k, v = (torch.empty(2, 8, 61440, 40, device="meta") for _ in range(3))
-    call = npu_port.AttentionCall.from_arguments(q, k, v)
+    call = AttentionCall.from_arguments(q, k, v)
     settings = Settings(device=torch.device("cpu"), dtype=torch.float32, memory_budget=64 << 30)
-    cell, running = choose(npu_port.get_strategy("vanilla"), shape, call, settings)
+    cell, running = choose(get_strategy("vanilla"), shape, call, settings)
     assert running is None and cell.status == "refused" and cell.kernel == "math"
     assert cell.note == "math would materialise 450.0 GiB of scores, over the 64.0 GiB memory budget (--memory-budget)"
 
@@ -133,7 +135,7 @@ def test_default_strategies_are_those_available_here_and_the_rest_are_explained(
     reasons = dict(skipped)
     assert reasons["npu"].startswith("cannot run on this machine: npu_fused_infer, npu_fusion: torch_npu is not")
     assert reasons["custom-processor"] == "routes no attention kernel (it installs a diffusers processor class)"
-    assert all(npu_port.get_strategy(n).kind == "strategy" for n in names)
+    assert all(get_strategy(n).kind == "strategy" for n in names)
     everything, skipped = select_strategies("all")  # unavailable ones too: their rows say why
     assert {"npu", "flash", "xformers"} <= {s.name for s in everything}
     assert [name for name, _ in skipped] == ["custom-processor"]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import npu_port
+from npu_port.attn import AttentionCall
 from npu_port.errors import AttentionInputError
 
 Q = torch.randn(2, 4, 3, 8)
@@ -82,7 +83,7 @@ def test_input_errors_are_value_errors_like_torch_raises():
 
 
 def test_call_description_names_everything_a_kernel_decides_on():
-    call = npu_port.AttentionCall.from_arguments(
+    call = AttentionCall.from_arguments(
         Q.half(), K[:, :2].half(), K[:, :2].half(), torch.ones(3, 5, dtype=torch.bool), is_causal=True, enable_gqa=True
     )
     assert call.describe() == (

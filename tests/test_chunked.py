@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import npu_port
+from npu_port.attn import AttentionCall, get_kernel
 from npu_port.attn.kernels.chunked import MIN_BLOCK
 
 from .memory_tracker import AllocationTracker
@@ -17,7 +18,7 @@ def _call(*shape_q, key_len=None, dtype=torch.float32, device="cpu", **kwargs):
     batch, heads, q_len, dim = shape_q
     query = torch.empty(batch, heads, q_len, dim, dtype=dtype, device=device)
     key = torch.empty(batch, heads, key_len or q_len, dim, dtype=dtype, device=device)
-    return npu_port.AttentionCall.from_arguments(query, key, key, **kwargs)
+    return AttentionCall.from_arguments(query, key, key, **kwargs)
 
 
 def test_controlvideo_shape_never_materialises_the_112_gib_score_tensor():
@@ -25,7 +26,7 @@ def test_controlvideo_shape_never_materialises_the_112_gib_score_tensor():
     query = torch.empty(2, 8, 61440, 64, dtype=torch.float16, device="meta")
     full_scores = 2 * 8 * 61440 * 61440 * 2
     assert full_scores == 112.5 * (1 << 30)  # the allocation in the bug report
-    kernel = npu_port.get_kernel("chunked", max_bytes=1 << 30)
+    kernel = get_kernel("chunked", max_bytes=1 << 30)
     with torch.no_grad(), AllocationTracker() as tracker:
         out = npu_port.attention(query, query, query, kernel=kernel)
     assert out.shape == (2, 8, 61440, 64) and out.dtype == torch.float16
@@ -38,7 +39,7 @@ def test_controlvideo_shape_never_materialises_the_112_gib_score_tensor():
 def test_cpu_run_stays_within_budget_and_matches_sdpa(causal):
     gen = torch.Generator().manual_seed(0)
     query, key, value = (torch.randn(1, 8, 2048, 64, generator=gen) for _ in range(3))
-    kernel = npu_port.get_kernel("chunked", max_bytes=4 * MiB)
+    kernel = get_kernel("chunked", max_bytes=4 * MiB)
     with torch.no_grad(), AllocationTracker() as tracker:
         out = npu_port.attention(query, key, value, is_causal=causal, kernel=kernel)
     expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=causal)
@@ -54,7 +55,7 @@ def test_cpu_run_stays_within_budget_and_matches_sdpa(causal):
 def test_backward_recomputes_block_by_block_within_budget():
     gen = torch.Generator().manual_seed(1)
     query, key, value = (torch.randn(1, 4, 1024, 32, generator=gen, requires_grad=True) for _ in range(3))
-    kernel = npu_port.get_kernel("chunked", max_bytes=2 * MiB)
+    kernel = get_kernel("chunked", max_bytes=2 * MiB)
     with AllocationTracker() as tracker:
         out = npu_port.attention(query, key, value, kernel=kernel)
         grads = torch.autograd.grad(out.square().sum(), (query, key, value))
@@ -82,9 +83,7 @@ def test_causal_blocks_skip_the_keys_they_cannot_see():
 
         torch.baddbmm = counting
         try:
-            npu_port.attention(
-                query, query, query, is_causal=causal, kernel=npu_port.get_kernel("chunked", query_block=32)
-            )
+            npu_port.attention(query, query, query, is_causal=causal, kernel=get_kernel("chunked", query_block=32))
         finally:
             torch.baddbmm = original
         computed[causal] = sum(counts)
@@ -93,11 +92,11 @@ def test_causal_blocks_skip_the_keys_they_cannot_see():
 
 
 def test_plan_prefers_query_blocks_and_splits_keys_only_when_needed():
-    kernel = npu_port.get_kernel("chunked", max_bytes=64 * MiB)
+    kernel = get_kernel("chunked", max_bytes=64 * MiB)
     plan = kernel.plan(_call(1, 8, 16384, 64))
     assert plan.key_block == 16384 and plan.query_block == 64 * MiB // (8 * 4 * 16384)
     assert plan.block_bytes <= 64 * MiB
-    tight = npu_port.get_kernel("chunked", max_bytes=256 * 1024).plan(_call(2, 8, 16384, 64))
+    tight = get_kernel("chunked", max_bytes=256 * 1024).plan(_call(2, 8, 16384, 64))
     assert tight.query_block <= MIN_BLOCK and tight.key_block < 16384
     assert tight.block_bytes <= 256 * 1024
     small = kernel.plan(_call(1, 2, 10, 8, key_len=7))
@@ -106,7 +105,7 @@ def test_plan_prefers_query_blocks_and_splits_keys_only_when_needed():
 
 
 def test_budget_too_small_is_a_reason_not_a_crash():
-    kernel = npu_port.get_kernel("chunked", max_bytes=16)
+    kernel = get_kernel("chunked", max_bytes=16)
     call = _call(2, 8, 4, 8)
     (reason,) = kernel.reasons(call)
     assert reason.code == "budget"
@@ -133,7 +132,7 @@ def test_reasons_do_not_ask_the_device_for_free_memory(monkeypatch):
     probes = []
     monkeypatch.setattr(chunked, "free_memory_bytes", lambda device: probes.append(device) or 64 << 30)
     call = _call(2, 8, 4096, 64)
-    assert npu_port.get_kernel("chunked").reasons(call) == []
+    assert get_kernel("chunked").reasons(call) == []
     assert probes == []
-    npu_port.get_kernel("chunked").run(_call(1, 1, 8, 8))  # running sizes the blocks: one probe
+    get_kernel("chunked").run(_call(1, 1, 8, 8))  # running sizes the blocks: one probe
     assert len(probes) == 1

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import npu_port
+from npu_port.attn import kernel_names
 from npu_port.attn.report import kernels_report
 from npu_port.cli.main import main
 
@@ -35,7 +36,7 @@ def test_kernels_lists_every_kernel_with_one_line_each():
     lines = result.stdout.rstrip("\n").splitlines()
     assert lines[0].startswith(f"npu-port {npu_port.__version__} attention kernels on this machine (torch ")
     report = kernels_report()
-    assert len(lines) == 1 + len(report["kernels"]) == 1 + len(npu_port.kernel_names())
+    assert len(lines) == 1 + len(report["kernels"]) == 1 + len(kernel_names())
     for line, entry in zip(lines[1:], report["kernels"]):
         name, status = line.split()[:2]
         assert name == entry["name"]
@@ -50,7 +51,7 @@ def test_kernels_json_is_machine_readable(capsys):
     assert main(["kernels", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     by_name = {k["name"]: k for k in report["kernels"]}
-    assert list(by_name) == npu_port.kernel_names()
+    assert list(by_name) == kernel_names()
     assert by_name["npu_fused_infer"]["dtypes"] == ["float16", "bfloat16"]
     assert by_name["npu_fused_infer"]["supports"] == {"dropout": False, "grad": False, "float_mask": False}
     assert by_name["chunked"]["options"]["max_bytes"]["default"] is None

@@ -16,13 +16,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from npu_port.errors import AttentionInputError, DropInError, NpuPortError
-from npu_port.shims import _attention
-from npu_port.shims import flash_attn_bert_padding as bert_padding
-from npu_port.shims import flash_attn_impl as fa
-from npu_port.shims import xformers_fmha_impl as fmha
-from npu_port.shims import xformers_ops_impl as xops
-from npu_port.shims.xformers_attn_bias_impl import (
+from npu_port.dropins import _attention
+from npu_port.dropins import flash_attn_bert_padding as bert_padding
+from npu_port.dropins import flash_attn_impl as fa
+from npu_port.dropins import xformers_fmha_impl as fmha
+from npu_port.dropins import xformers_ops_impl as xops
+from npu_port.dropins.xformers_attn_bias_impl import (
     BlockDiagonalCausalFromBottomRightMask,
     BlockDiagonalCausalMask,
     BlockDiagonalMask,
@@ -31,6 +30,7 @@ from npu_port.shims.xformers_attn_bias_impl import (
     LowerTriangularMask,
     LowerTriangularMaskWithTensorBias,
 )
+from npu_port.errors import AttentionInputError, DropInError, NpuPortError
 
 from .reference import assert_close_to_reference, reference_attention
 
@@ -584,7 +584,7 @@ def test_dropins_import_like_the_real_packages_and_go_away(tmp_path):
         """
         import importlib, importlib.metadata, importlib.util
         import torch
-        from npu_port.shims.dropins import install_dropins, uninstall_dropins
+        from npu_port.dropins.install import install_dropins, uninstall_dropins
 
         assert importlib.util.find_spec("flash_attn") is None and importlib.util.find_spec("xformers") is None
         assert install_dropins() == ["flash_attn", "xformers"]
@@ -642,7 +642,7 @@ def test_a_real_package_wins_unless_forced(tmp_path):
     out = _run_child(
         """
         import importlib.metadata
-        from npu_port.shims.dropins import install_dropins, uninstall_dropins
+        from npu_port.dropins.install import install_dropins, uninstall_dropins
 
         install_dropins()
         import flash_attn

@@ -16,9 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from npu_port.dropins.finder import Replacement, register, unregister
 from npu_port.errors import FallbackError, NpuPortError
-from npu_port.shims import alt_cuda_corr as corr_impl
-from npu_port.shims.fallbacks import (
+from npu_port.fallbacks import alt_cuda_corr as corr_impl
+from npu_port.fallbacks.registry import (
     BUILTIN_FALLBACKS,
     OBJECTS_PACKAGE,
     install_builtin_fallbacks,
@@ -27,8 +28,7 @@ from npu_port.shims.fallbacks import (
     uninstall_builtin_fallbacks,
     unregister_fallback,
 )
-from npu_port.shims.finder import Replacement, register, unregister
-from npu_port.shims.safe_math import force_safe_math
+from npu_port.fallbacks.safe_math import force_safe_math
 
 from .fixtures import raft_corr
 from .memory_tracker import AllocationTracker
@@ -73,8 +73,8 @@ def test_alt_cuda_corr_imports_only_with_the_fallback(site):
         importlib.import_module("alt_cuda_corr")
     assert install_builtin_fallbacks() == ["alt_cuda_corr", "raft_alt_cuda_corr"]
     module = importlib.import_module("alt_cuda_corr")
-    assert module.__npu_port_stand_in__ == "npu_port.shims.alt_cuda_corr"
-    assert module.__spec__.origin == "npu-port stand-in (npu_port.shims.alt_cuda_corr)"
+    assert module.__npu_port_stand_in__ == "npu_port.fallbacks.alt_cuda_corr"
+    assert module.__spec__.origin == "npu-port stand-in (npu_port.fallbacks.alt_cuda_corr)"
     assert module.forward is corr_impl.forward and module.backward is corr_impl.backward
     assert importlib.import_module("raft_alt_cuda_corr").forward is corr_impl.forward  # RAFT's packaged name
     handle = registered_fallbacks()["alt_cuda_corr"]
@@ -121,7 +121,7 @@ def test_a_working_extension_wins_in_broken_mode_and_always_forces_the_fallback(
     assert not registered_fallbacks()["alt_cuda_corr"].served
     uninstall_builtin_fallbacks()
     sys.modules.pop("alt_cuda_corr")
-    with register_fallback("alt_cuda_corr", "npu_port.shims.alt_cuda_corr", mode="always") as handle:
+    with register_fallback("alt_cuda_corr", "npu_port.fallbacks.alt_cuda_corr", mode="always") as handle:
         assert importlib.import_module("alt_cuda_corr").forward is corr_impl.forward
         assert handle.served
     assert "alt_cuda_corr" not in sys.modules and not handle.active
@@ -193,27 +193,27 @@ def test_a_users_fallback_outlives_the_builtins(site):
     [
         (
             3,
-            "npu_port.shims.alt_cuda_corr",
+            "npu_port.fallbacks.alt_cuda_corr",
             "broken",
             "module_name must be the name a project imports, as a str (like 'alt_cuda_corr'); got int",
         ),
         (
             "alt-cuda-corr",
-            "npu_port.shims.alt_cuda_corr",
+            "npu_port.fallbacks.alt_cuda_corr",
             "broken",
             "module_name 'alt-cuda-corr' is not a module name; give the top-level name a project imports, "
             "like 'alt_cuda_corr'",
         ),
         (
             "mmcv._ext",
-            "npu_port.shims.alt_cuda_corr",
+            "npu_port.fallbacks.alt_cuda_corr",
             "broken",
             "module_name 'mmcv._ext' is a submodule; fallbacks are registered for top-level modules "
             "(like 'alt_cuda_corr'), which is how setup.py-built CUDA extensions are imported",
         ),
         (
             "npu_port",
-            "npu_port.shims.alt_cuda_corr",
+            "npu_port.fallbacks.alt_cuda_corr",
             "broken",
             "module_name 'npu_port' is npu-port itself and cannot be replaced",
         ),
@@ -263,7 +263,7 @@ def test_a_users_fallback_outlives_the_builtins(site):
         ),
         (
             "npu_port_test_fb_ext",
-            "npu_port.shims.alt_cuda_corr",
+            "npu_port.fallbacks.alt_cuda_corr",
             "sometimes",
             "fallback mode must be one of missing, broken, always; got 'sometimes'",
         ),
@@ -284,7 +284,7 @@ def test_unregistering_an_unknown_name_and_shadowing_a_drop_in_are_refused(site)
     assert str(caught.value) == (
         "no fallback is registered for 'npu_port_test_fb_other'; registered fallbacks: npu_port_test_fb_ext"
     )
-    register(Replacement("npu_port_test_fb_dropin", {"npu_port_test_fb_dropin": "npu_port.shims.alt_cuda_corr"}))
+    register(Replacement("npu_port_test_fb_dropin", {"npu_port_test_fb_dropin": "npu_port.fallbacks.alt_cuda_corr"}))
     try:
         with pytest.raises(FallbackError) as caught:
             register_fallback("npu_port_test_fb_dropin", {"forward": print})

@@ -15,6 +15,7 @@ from npu_port.cli.main import main as cli_main
 from npu_port.doctor.checks_attention import check_attention_kernels
 from npu_port.doctor.facts import Facts
 from npu_port.errors import UnknownKernelError
+from npu_port.strategy.registry import get_strategy
 from npu_port.strategy.router import StrategyRouter, configured_kernels, fingerprint
 
 from .extension_kernel import Float64Kernel
@@ -29,8 +30,8 @@ def _state():
         registry.kernel_names(),
         registry.priority_order(),
         registry.default_order(),
-        npu_port.get_strategy("auto").candidates,
-        fingerprint(npu_port.get_strategy("auto")),
+        get_strategy("auto").candidates,
+        fingerprint(get_strategy("auto")),
     )
 
 
@@ -54,14 +55,14 @@ def test_the_built_in_orders_are_the_documented_ones():
     ]  # fmt: skip
     assert registry.default_order() == ["npu_fused_infer", "npu_fusion", "sdpa", "chunked", "math"]
     assert npu_port.attn.DEFAULT_ORDER == select.DEFAULT_ORDER == tuple(registry.default_order())
-    assert npu_port.get_strategy("auto").candidates == tuple(registry.priority_order())
+    assert get_strategy("auto").candidates == tuple(registry.priority_order())
 
 
 def test_a_registered_kernel_appears_in_every_derived_list(registered):
     names = [kernel.name for kernel in npu_port.kernels()]
     assert names == registered[1] + [NAME]  # no listing place declared: after the built-ins
     assert registry.default_order() == ["npu_fused_infer", "npu_fusion", "sdpa", NAME, "chunked", "math"]
-    auto = npu_port.get_strategy("auto")
+    auto = get_strategy("auto")
     assert auto.candidates == (
         "npu_fused_infer",
         "npu_fusion",
@@ -88,7 +89,7 @@ def test_a_registered_kernel_runs_and_matches_a_float64_reference(registered):
     probs = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1).nan_to_num(0.0)
     torch.testing.assert_close(out, (probs @ value.double()).float(), rtol=0, atol=1e-6)
     # the strategy option reaches the kernel: a budget below the scores' size refuses the call, with the reason
-    router = StrategyRouter(npu_port.get_strategy("auto").with_overrides(candidates=[NAME], memory_budget=64))
+    router = StrategyRouter(get_strategy("auto").with_overrides(candidates=[NAME], memory_budget=64))
     with pytest.raises(
         npu_port.NpuPortError, match=f"{NAME}:\n    - needs 1200 bytes of scores, over the budget of 64"
     ):

@@ -10,7 +10,7 @@ import torch
 
 import npu_port
 from npu_port import _optional
-from npu_port.attn import select
+from npu_port.attn import AttentionCall, get_kernel, select
 from npu_port.errors import (
     KernelOptionError,
     KernelUnavailableError,
@@ -50,7 +50,7 @@ def test_installed_but_broken_package_counts_as_absent_with_the_import_error(tmp
     monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
     _optional.forget("torch_npu")
     try:
-        kernel = npu_port.get_kernel("npu_fusion")
+        kernel = get_kernel("npu_fusion")
         assert not kernel.available()
         (reason,) = kernel.availability()
         assert reason.code == "package-broken"
@@ -94,22 +94,22 @@ def test_unknown_kernel_lists_every_valid_name():
 )
 def test_kernel_option_errors(name, options, message):
     with pytest.raises(KernelOptionError) as info:
-        npu_port.get_kernel(name, **options)
+        get_kernel(name, **options)
     assert str(info.value) == message
 
 
 def test_default_choice_on_cpu_is_sdpa_and_on_npu_the_inference_or_training_op():
     query = key = value = torch.randn(1, 2, 4, 16, dtype=torch.float16)
-    call = npu_port.AttentionCall.from_arguments(query, key, value)
+    call = AttentionCall.from_arguments(query, key, value)
     assert select.resolve_kernel(None, call).name == "sdpa"
     with emulated_torch_npu():
         assert select.resolve_kernel(None, call).name == "npu_fused_infer"
-        training = npu_port.AttentionCall.from_arguments(query.requires_grad_(), key, value)
+        training = AttentionCall.from_arguments(query.requires_grad_(), key, value)
         assert select.resolve_kernel(None, training).name == "npu_fusion"
 
 
 def test_no_kernel_error_lists_every_kernels_reasons(no_torch_npu):
-    call = npu_port.AttentionCall.from_arguments(*(torch.randn(1, 1, 2, 4) for _ in range(3)))
+    call = AttentionCall.from_arguments(*(torch.randn(1, 1, 2, 4) for _ in range(3)))
     with pytest.raises(NoKernelError) as info:
         select.first_runnable(call, ["npu_fusion", "flash_attn"])
     message = str(info.value)
@@ -123,8 +123,8 @@ def test_no_kernel_error_lists_every_kernels_reasons(no_torch_npu):
 
 
 def test_a_selector_can_be_installed_and_restored():
-    call = npu_port.AttentionCall.from_arguments(*(torch.randn(1, 1, 2, 4) for _ in range(3)))
-    previous = select.set_default_selector(lambda c: npu_port.get_kernel("chunked"))
+    call = AttentionCall.from_arguments(*(torch.randn(1, 1, 2, 4) for _ in range(3)))
+    previous = select.set_default_selector(lambda c: get_kernel("chunked"))
     try:
         assert select.resolve_kernel(None, call).name == "chunked"
     finally:
@@ -138,7 +138,7 @@ def test_register_a_custom_kernel_and_refuse_a_name_clash():
         summary = "math kernel times two (test)"
 
         def run(self, call):
-            return 2 * npu_port.get_kernel("math").run(call)
+            return 2 * get_kernel("math").run(call)
 
     npu_port.register_kernel(DoubleMath)
     try:
@@ -159,8 +159,8 @@ def test_register_a_custom_kernel_and_refuse_a_name_clash():
 
 
 def test_kernel_objects_are_configured_copies():
-    chunked = npu_port.get_kernel("chunked", max_bytes=1 << 20)
+    chunked = get_kernel("chunked", max_bytes=1 << 20)
     assert chunked.options["max_bytes"] == 1 << 20
     assert repr(chunked) == "ChunkedKernel(max_bytes=1048576)"
-    assert npu_port.get_kernel(chunked, query_block=8).options == {**chunked.options, "query_block": 8}
-    assert npu_port.get_kernel("chunked") is npu_port.get_kernel("chunked")  # default instances are shared
+    assert get_kernel(chunked, query_block=8).options == {**chunked.options, "query_block": 8}
+    assert get_kernel("chunked") is get_kernel("chunked")  # default instances are shared

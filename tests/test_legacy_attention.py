@@ -34,6 +34,7 @@ from npu_port.integrations.legacy_attention import (
     unhook_enable_xformers,
     xformers_route,
 )
+from npu_port.strategy.api import StrategyHandle
 
 from .conftest import HOOKED
 from .fixtures.legacy_attention import (
@@ -392,7 +393,7 @@ def test_hooked_enable_on_a_pipeline_uses_auto_and_set_use_false_restores(xforme
     baseline = tiny.run_tiny_pipeline(pipe)
     pipe.enable_xformers_memory_efficient_attention(attention_op=object())
     route = xformers_route(pipe)
-    assert isinstance(route.strategy, npu_port.StrategyHandle) and route.strategy.strategy.name == "auto"
+    assert isinstance(route.strategy, StrategyHandle) and route.strategy.strategy.name == "auto"
     for name in before:
         assert all(type(p) is RoutedAttnProcessor for p in _processors(getattr(pipe, name)).values())
     torch.testing.assert_close(tiny.run_tiny_pipeline(pipe), baseline, atol=2e-4, rtol=1e-3)

@@ -33,11 +33,13 @@ from diffusers.models.attention_processor import (
 
 import npu_port
 from npu_port._patching import PatchLeftInPlace
+from npu_port.attn import get_kernel
 from npu_port.integrations.diffusers import RoutedAttnProcessor, apply_to_target, patches, tiny, watch
 from npu_port.integrations.diffusers.applied import layered_modules
 from npu_port.integrations.diffusers.scores import rewrite_call
 from npu_port.integrations.legacy_attention import active_patches as legacy_patches
 from npu_port.integrations.legacy_attention import hook_enable_xformers, patch_legacy_attention
+from npu_port.strategy.registry import unregister_strategy
 
 from .fixtures.legacy_attention import LegacyTransformer
 
@@ -58,7 +60,7 @@ class CountingKernel(npu_port.Kernel):
 
     def run(self, call):
         CountingKernel.calls.append(tuple(call.query.shape))
-        return npu_port.get_kernel("math").run(call)
+        return get_kernel("math").run(call)
 
 
 @pytest.fixture
@@ -72,7 +74,7 @@ def counted() -> Iterator[List[tuple]]:
     try:
         yield CountingKernel.calls
     finally:
-        npu_port.unregister_strategy(STRATEGY)
+        unregister_strategy(STRATEGY)
         registry._KERNELS.pop(KERNEL, None)
         registry._DEFAULTS.pop(KERNEL, None)
 

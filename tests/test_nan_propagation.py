@@ -15,12 +15,13 @@ from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 import npu_port
-from npu_port.attn import contract
+from npu_port.attn import contract, get_kernel
 from npu_port.attn.api import run_call
 from npu_port.attn.call import AttentionCall
 from npu_port.attn.kernels.base import Kernel
 from npu_port.strategy.decision import PICKED, SKIPPED
 from npu_port.strategy.measure import UNMEASURED, measure, parity_error, parity_slice, reference_output
+from npu_port.strategy.registry import get_strategy
 from npu_port.strategy.router import StrategyRouter
 
 from .conftest import all_stand_ins
@@ -125,7 +126,7 @@ def test_a_nan_in_an_additive_mask_makes_its_row_nan():
 
 
 def test_the_routers_prepared_fast_path_keeps_nan_too():
-    router = StrategyRouter(npu_port.get_strategy("sdpa"))
+    router = StrategyRouter(get_strategy("sdpa"))
     query, key, value = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
     router(query, key, value)  # the first call prepares the runner
     query[0, 0, 3, 1] = NAN
@@ -157,7 +158,7 @@ class NanHidingKernel(Kernel):
     name = "nan_hiding_test_kernel"
 
     def run(self, call):
-        return npu_port.get_kernel("math").run(call).nan_to_num(0.0)
+        return get_kernel("math").run(call).nan_to_num(0.0)
 
 
 def test_auto_parity_check_never_accepts_nan_and_a_call_with_nan_is_not_measured():
@@ -166,13 +167,13 @@ def test_auto_parity_check_never_accepts_nan_and_a_call_with_nan_is_not_measured
     call = AttentionCall.from_arguments(query, key, value)
     sliced = parity_slice(call, 64)
     reference = reference_output(sliced)
-    for kernel in (NanHidingKernel(), npu_port.get_kernel("sdpa"), npu_port.get_kernel("math")):
+    for kernel in (NanHidingKernel(), get_kernel("sdpa"), get_kernel("math")):
         error, tolerance = parity_error(kernel, sliced, reference)
         assert not error <= tolerance and error == float("inf"), kernel.name
     decision = measure(
         call,
         "bucket",
-        [NanHidingKernel(), npu_port.get_kernel("math")],
+        [NanHidingKernel(), get_kernel("math")],
         budget_bytes=None,
         warmup=1,
         repeats=1,
@@ -261,7 +262,7 @@ def test_torch_sdpa_loses_a_nan_only_as_a_row_of_zeros(case, data):
 def test_the_fast_path_gives_the_references_nan_pattern(case, data):
     """The router's prepared runner (sdpa, unmasked) screens its output, not its inputs: every NaN still comes out
     where the float64 reference puts it, and clean inputs come out bit-identical to SDPA's."""
-    router = StrategyRouter(npu_port.get_strategy("sdpa"))
+    router = StrategyRouter(get_strategy("sdpa"))
     kwargs = {"is_causal": case.is_causal, "scale": case.scale, "enable_gqa": True}
     clean = router(case.query, case.key, case.value, **kwargs)  # prepares the runner
     again = router(case.query, case.key, case.value, **kwargs)
@@ -280,7 +281,7 @@ def test_a_nan_key_past_the_last_query_under_causal_is_lost_by_torch_and_kept_by
     dirty[0, 0, 7] = NAN  # no query row reaches key 7 under top-left causal attention
     raw = torch.nn.functional.scaled_dot_product_attention(query, dirty, value, is_causal=True)
     assert not torch.isnan(raw).any() and contract._output_is_clean(raw)  # torch loses it without a trace
-    router = StrategyRouter(npu_port.get_strategy("sdpa"))
+    router = StrategyRouter(get_strategy("sdpa"))
     router(query, key, value, is_causal=True)  # prepares the runner for this signature
     out = router(query, dirty, value, is_causal=True)
     assert router._prepared

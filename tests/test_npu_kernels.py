@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import npu_port
+from npu_port.attn import AttentionCall, get_kernel
 from npu_port.attn.kernels import _ascend
 
 from .conftest import emulated_torch_npu
@@ -165,16 +166,16 @@ def test_per_head_masks_are_expanded_over_the_batch_for_the_training_op():
 def test_documented_limits_are_reasons_with_values_and_limits(name, make, code, text):
     (query, key, value), kwargs = make()
     with emulated_torch_npu():
-        call = npu_port.AttentionCall.from_arguments(query, key, value, **kwargs)
-        reasons = npu_port.get_kernel(name).reasons(call)
+        call = AttentionCall.from_arguments(query, key, value, **kwargs)
+        reasons = get_kernel(name).reasons(call)
     assert [(r.code, str(r)) for r in reasons] == [(code, text)]
 
 
 def test_inference_op_refuses_gradients_and_training_op_gives_them():
     query, key, value = (t.requires_grad_(True) for t in _qkv(1, 2, 8, 16, dtype=torch.float32))
     with emulated_torch_npu():
-        call = npu_port.AttentionCall.from_arguments(query.half(), key.half(), value.half())
-        assert [r.code for r in npu_port.get_kernel("npu_fused_infer").reasons(call)] == ["grad"]
+        call = AttentionCall.from_arguments(query.half(), key.half(), value.half())
+        assert [r.code for r in get_kernel("npu_fused_infer").reasons(call)] == ["grad"]
         out = npu_port.attention(query, key, value, is_causal=True, kernel="npu_fusion")
         grads = torch.autograd.grad(out.sum(), (query, key, value))
     assert all(torch.isfinite(g).all() for g in grads)
@@ -184,5 +185,5 @@ def test_npu_kernels_refuse_cpu_tensors_on_a_real_install():
     """Outside the test stand-in, the kernels serve npu tensors only (device_types is restored after the emulator)."""
     with emulated_torch_npu():
         pass
-    assert npu_port.get_kernel("npu_fusion").device_types == ("npu",)
+    assert get_kernel("npu_fusion").device_types == ("npu",)
     assert _ascend.compressed_causal_mask(torch.device("cpu")) is _ascend.compressed_causal_mask(torch.device("cpu"))

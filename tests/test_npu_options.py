@@ -25,6 +25,7 @@ from npu_port.device import npu_options
 from npu_port.device.detect import backend_status
 from npu_port.device.npu_options import NEW_PROCESSES_ONLY, Action
 from npu_port.errors import NpuOptionError, UnknownStrategyError
+from npu_port.strategy.registry import get_strategy
 
 from .fakes import torch_npu_recorder
 
@@ -442,7 +443,7 @@ def test_no_init_note_before_torch_npu_initialises(recorder):
 
 def test_facade_by_name_by_strategy_and_by_dict(recorder):
     npu_port.apply_npu_options("ascend-910b")
-    npu_port.apply_npu_options(npu_port.get_strategy("ascend-910b"))
+    npu_port.apply_npu_options(get_strategy("ascend-910b"))
     npu_port.apply_npu_options({"name": "mine", "candidates": ["sdpa"], "npu": {"jit_compile": False}})
     assert recorder.calls == PROFILE_CALLS + PROFILE_CALLS + [("npu.set_compile_mode", (False,))]
 

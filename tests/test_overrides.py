@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-import npu_port
 from npu_port.errors import RunError
+from npu_port.runtime import override
 from npu_port.runtime.locate import locate_module, resolve_entry, watch_roots
 from npu_port.runtime.overrides import Override, Overrides
 
@@ -34,7 +34,7 @@ def project(tmp_path, monkeypatch):
 
 
 def test_an_override_waits_for_the_import_and_importers_get_the_replacement(project):
-    handle = npu_port.override("ovpkg.ops:fused", "my_ops:fused")
+    handle = override("ovpkg.ops:fused", "my_ops:fused")
     assert not handle.applied and "ovpkg.ops" not in sys.modules
     try:
         user = importlib.import_module("ovpkg.user")  # imports ovpkg.ops, then copies `fused`
@@ -52,7 +52,7 @@ def test_an_override_waits_for_the_import_and_importers_get_the_replacement(proj
 def test_an_override_of_an_imported_module_applies_at_once_and_restores_the_very_object(project):
     ops = importlib.import_module("ovpkg.ops")
     original = ops.fused
-    with npu_port.override("ovpkg.ops:fused", lambda x: x * 10) as handle:
+    with override("ovpkg.ops:fused", lambda x: x * 10) as handle:
         assert handle.applied and ops.fused(2) == 20
     assert ops.fused is original
 
@@ -61,14 +61,14 @@ def test_an_inherited_method_is_overridden_on_the_class_and_deleted_again(projec
     ops = importlib.import_module("ovpkg.ops")
     sub = type("Sub", (ops.Block,), {})
     ops.Sub = sub
-    with npu_port.override("ovpkg.ops:Sub.run", lambda self, x: "mine"):
+    with override("ovpkg.ops:Sub.run", lambda self, x: "mine"):
         assert sub().run(1) == "mine" and "run" in vars(sub)
     assert "run" not in vars(sub) and sub.run is ops.Block.run
 
 
 def test_a_name_replaced_again_after_ours_is_kept_on_restore(project):
     ops = importlib.import_module("ovpkg.ops")
-    handle = npu_port.override("ovpkg.ops:fused", lambda x: "ours")
+    handle = override("ovpkg.ops:fused", lambda x: "ours")
 
     def theirs(x):
         return "theirs"

@@ -193,7 +193,7 @@ def test_the_cuda_redirect_leaves_a_later_foreign_patch_in_place():
 
 
 def test_safe_math_leaves_a_later_foreign_autocast_init_in_place():
-    from npu_port.shims.safe_math import force_safe_math
+    from npu_port.fallbacks.safe_math import force_safe_math
 
     autocast = torch.amp.autocast_mode.autocast
     original = vars(autocast)["__init__"]
@@ -301,7 +301,7 @@ MECHANISMS = (
     "npu_port/integrations/diffusers/patches.py",
     "npu_port/integrations/legacy_attention/patch.py",
     "npu_port/integrations/legacy_attention/xformers_hook.py",
-    "npu_port/shims/safe_math.py",
+    "npu_port/fallbacks/safe_math.py",
 )
 
 

@@ -14,6 +14,7 @@ from npu_port.doctor.facts import Facts
 from npu_port.errors import KernelUnavailableError, NoKernelError
 from npu_port.reasons import Reason
 from npu_port.strategy.decision import REFUSED, Decision
+from npu_port.strategy.registry import get_strategy
 from npu_port.strategy.router import StrategyRouter
 
 #: On a CPU the efficient SDPA backend does not exist, so sdpa pinned to it refuses every call, with code "backend".
@@ -21,7 +22,7 @@ PINNED = {"sdpa_backends": ["efficient"]}
 
 
 def _router(name, **overrides):
-    return StrategyRouter(npu_port.get_strategy(name).with_overrides(**overrides))
+    return StrategyRouter(get_strategy(name).with_overrides(**overrides))
 
 
 def _qkv():

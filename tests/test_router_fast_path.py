@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import npu_port
 from npu_port.attn.call import AttentionCall
 from npu_port.errors import AttentionInputError
+from npu_port.strategy.registry import get_strategy
 from npu_port.strategy.router import StrategyRouter
 
 from .reference import assert_close_to_reference, reference_attention
@@ -18,7 +18,7 @@ from .strategies import attention_cases
 
 
 def router(name):
-    return StrategyRouter(npu_port.get_strategy(name))
+    return StrategyRouter(get_strategy(name))
 
 
 class CountingFromArguments:

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import npu_port
+from npu_port.attn import AttentionCall, get_kernel
 from npu_port.errors import KernelRuntimeError, KernelUnavailableError
 
 
@@ -49,15 +50,15 @@ def test_causal_without_a_mask_stays_is_causal_for_the_fused_backends(monkeypatc
 
 def test_pinned_backends_that_cannot_run_are_reasons():
     query = key = value = torch.randn(1, 2, 4, 8)
-    call = npu_port.AttentionCall.from_arguments(query, key, value, dropout_p=0.1)
-    flash_only = npu_port.get_kernel("sdpa", backends=["flash"])
+    call = AttentionCall.from_arguments(query, key, value, dropout_p=0.1)
+    flash_only = get_kernel("sdpa", backends=["flash"])
     assert [str(r) for r in flash_only.reasons(call)] == [
         "none of the pinned SDPA backends can run this call (flash: the cpu flash kernel does not support dropout)"
     ]
-    efficient = npu_port.get_kernel("sdpa", backends="efficient")
+    efficient = get_kernel("sdpa", backends="efficient")
     with pytest.raises(KernelUnavailableError, match=r"efficient: not available on cpu"):
         npu_port.attention(query, key, value, kernel=efficient)
-    with_math = npu_port.get_kernel("sdpa", backends=["flash", "math"])
+    with_math = get_kernel("sdpa", backends=["flash", "math"])
     assert with_math.reasons(call) == []
     torch.manual_seed(0)
     out = npu_port.attention(query, key, value, kernel=flash_only)
@@ -71,7 +72,7 @@ def test_a_pinned_backend_failing_at_run_time_names_the_pinning(monkeypatch):
     monkeypatch.setattr(F, "scaled_dot_product_attention", failing)
     query = key = value = torch.randn(1, 2, 4, 8)
     with pytest.raises(KernelRuntimeError) as info:
-        npu_port.attention(query, key, value, kernel=npu_port.get_kernel("sdpa", backends=["flash"]))
+        npu_port.attention(query, key, value, kernel=get_kernel("sdpa", backends=["flash"]))
     assert str(info.value).startswith("SDPA pinned to flash could not run this call (query (1, 2, 4, 8) float32")
     assert str(info.value).endswith(
         ": No available kernel.  Aborting execution.; allow more backends (e.g. add 'math') or use the chunked kernel"
@@ -81,5 +82,5 @@ def test_a_pinned_backend_failing_at_run_time_names_the_pinning(monkeypatch):
 def test_pinning_uses_the_current_context_manager_and_restores_flags():
     before = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
     query = key = value = torch.randn(1, 2, 4, 8)
-    npu_port.attention(query, key, value, kernel=npu_port.get_kernel("sdpa", backends=["math"]))
+    npu_port.attention(query, key, value, kernel=get_kernel("sdpa", backends=["math"]))
     assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()) == before

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import npu_port
+from npu_port.attn import get_kernel
 from npu_port.attn.kernels.base import Option
 from npu_port.device.npu_catalogue import ACL_OPTIONS
 from npu_port.errors import KernelOptionError, NpuOptionError, NpuPortError, StrategyOptionError
@@ -59,7 +60,7 @@ def test_the_three_frameworks_use_it():
     assert all(isinstance(setting, Setting) for setting in OPTIONS.values())
     assert all(isinstance(rule, Setting) for rule in ACL_OPTIONS.values())
     with pytest.raises(KernelOptionError, match="option upcast must be True or False, got 'yes'"):
-        npu_port.get_kernel("math", upcast="yes")
+        get_kernel("math", upcast="yes")
     with pytest.raises(StrategyOptionError, match="^repeats must be an integer >= 1, got 0$"):
         check_option("repeats", 0)
     with pytest.raises(NpuOptionError, match="^npu: unknown key 'jit'; valid keys: jit_compile, "):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from npu_port.shims.finder import Replacement, register, registered, unregister
+from npu_port.dropins.finder import Replacement, register, registered, unregister
 
 
 @pytest.fixture

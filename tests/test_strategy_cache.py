@@ -14,11 +14,13 @@ import torch
 
 import npu_port
 from npu_port import _optional
+from npu_port.attn import get_kernel
 from npu_port.attn.call import AttentionCall
 from npu_port.attn.kernels.base import Kernel
 from npu_port.attn.registry import _DEFAULTS, _KERNELS
 from npu_port.strategy.cache import environment, kernel_packages
 from npu_port.strategy.decision import bucket_key
+from npu_port.strategy.registry import get_strategy
 from npu_port.strategy.router import StrategyRouter, configured_kernels
 
 from .conftest import fake_xformers
@@ -30,7 +32,7 @@ def qkv(seed=0, s=12):
 
 
 def auto_router(**overrides):
-    return StrategyRouter(npu_port.get_strategy("auto").with_overrides(repeats=1, warmup=0, **overrides))
+    return StrategyRouter(get_strategy("auto").with_overrides(repeats=1, warmup=0, **overrides))
 
 
 def stored_file(router, q, k, v):
@@ -100,7 +102,7 @@ def test_a_cached_kernel_whose_package_is_gone_is_measured_again(caplog):
     path, bucket, data = stored_file(auto_router(), q, k, v)
     data["decisions"][bucket]["kernel"] = "xformers"  # as if xformers had won here and was uninstalled since
     router = rerun(path, data, q, k, v, caplog)
-    reason = str(npu_port.get_kernel("xformers").availability()[0])
+    reason = str(get_kernel("xformers").availability()[0])
     assert reason.startswith("xformers is not installed")
     assert_measured_again_and_said(
         router, path, bucket, caplog, f"kernel 'xformers' cannot run this call now: {reason}"
@@ -177,7 +179,7 @@ def test_a_good_entry_is_still_used_without_measuring():
 
 
 def test_the_key_names_every_candidate_kernels_package_with_its_state():
-    kernels = configured_kernels(npu_port.get_strategy("auto"))
+    kernels = configured_kernels(get_strategy("auto"))
     assert kernel_packages(kernels) == ["flash_attn", "torch_npu", "xformers"]
     found = environment(torch.device("cpu"), kernel_packages(kernels))
     assert found["torch"] == torch.__version__
@@ -215,7 +217,7 @@ def test_a_registered_kernels_broken_package_is_in_the_key_as_broken(tmp_path, m
     _optional.forget("npu_port_test_broken_pkg")
     npu_port.register_kernel(BrokenPackageKernel)
     try:
-        strategy = npu_port.get_strategy("auto").with_overrides(candidates=[BrokenPackageKernel.name, "math"])
+        strategy = get_strategy("auto").with_overrides(candidates=[BrokenPackageKernel.name, "math"])
         router = StrategyRouter(strategy)
         router(*qkv())
         cache = next(iter(router.caches.values()))

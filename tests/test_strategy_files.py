@@ -15,7 +15,7 @@ import npu_port
 from npu_port.bench.runner import select_strategies
 from npu_port.cli.main import main
 from npu_port.errors import StrategyFileError
-from npu_port.strategy.registry import StrategyFileWarning, survey
+from npu_port.strategy.registry import StrategyFileWarning, get_strategy, load_strategy_file, survey
 
 LATIN1 = "description: caf\u00e9 strategy\nkernel: math\n".encode("latin-1")  # 0xe9 at byte offset 16, line 1
 UTF8_ERROR = (
@@ -38,7 +38,7 @@ def test_a_non_utf8_file_is_a_strategy_file_error_with_line_and_byte_offset(tmp_
     path = tmp_path / "mine.yaml"
     path.write_bytes(b"# first line\n" + LATIN1)
     with pytest.raises(StrategyFileError) as info:
-        npu_port.load_strategy_file(path)
+        load_strategy_file(path)
     assert str(info.value) == f"{path}:2: {UTF8_ERROR.replace('offset 16', 'offset 29')}"
     assert (info.value.path, info.value.line) == (str(path), 2)
 
@@ -47,7 +47,7 @@ def test_yaml_the_safe_loader_cannot_build_is_a_strategy_file_error(tmp_path):
     path = tmp_path / "odd.yaml"
     path.write_bytes(b"description: x\nkernel: math\nwhen: 2024-13-45\n")
     with pytest.raises(StrategyFileError) as info:
-        npu_port.load_strategy_file(path)
+        load_strategy_file(path)
     assert str(info.value) == f"{path}:1: not valid YAML: ValueError: month must be in 1..12"
 
 
@@ -60,11 +60,11 @@ def test_listing_skips_the_broken_file_with_a_warning_and_the_rest_work(search_p
     assert [(w.category, str(w.message)) for w in caught] == [
         (StrategyFileWarning, f"strategy 'latin' skipped: {search_path / 'latin.yaml'}:1: {UTF8_ERROR}")
     ]
-    assert npu_port.get_strategy("good-one").candidates == ("sdpa", "math")
+    assert get_strategy("good-one").candidates == ("sdpa", "math")
     with npu_port.attention_strategy("good-one"):
         pass
     with pytest.raises(StrategyFileError) as info:  # by name: its exact error
-        npu_port.get_strategy("latin")
+        get_strategy("latin")
     assert str(info.value) == f"{search_path / 'latin.yaml'}:1: {UTF8_ERROR}"
     with pytest.warns(StrategyFileWarning, match="strategy 'latin' skipped: "):
         assert npu_port.list_strategies(kind="profile")  # kind filtering loads every file: still no crash
@@ -74,7 +74,7 @@ def test_a_user_file_taking_a_builtin_name_is_reported_not_fatal(tmp_path, monke
     (tmp_path / "sdpa.yaml").write_text("description: mine\nkernel: math\n")
     monkeypatch.setenv("NPU_PORT_STRATEGY_PATH", str(tmp_path))
     names, broken = survey()
-    assert "sdpa" in names and npu_port.get_strategy("sdpa").candidates == ("sdpa",)  # the built-in keeps its name
+    assert "sdpa" in names and get_strategy("sdpa").candidates == ("sdpa",)  # the built-in keeps its name
     assert [(b.name, b.path, str(b.error)) for b in broken] == [
         (
             "sdpa",

@@ -11,6 +11,7 @@ import yaml
 import npu_port
 from npu_port.errors import StrategyError, StrategyFileError, UnknownStrategyError
 from npu_port.strategy import registry
+from npu_port.strategy.registry import get_strategy, load_strategy_file, unregister_strategy
 from npu_port.strategy.schema import KEYS
 from npu_port.strategy.spec import OPTIONS, parse_size
 
@@ -45,44 +46,44 @@ def test_builtins_and_profiles_are_listed_in_order():
     ],
 )
 def test_builtin_definitions(name, select, candidates):
-    strategy = npu_port.get_strategy(name)
+    strategy = get_strategy(name)
     assert (strategy.select, strategy.candidates) == (select, candidates)
     assert strategy.description
     assert strategy.source == str(STRATEGIES_DIR / f"{name}.yaml")
 
 
 def test_environment_variables_of_builtins():
-    assert npu_port.get_strategy("vanilla").env == {
+    assert get_strategy("vanilla").env == {
         "DIFFUSERS_ATTN_BACKEND": "_native_math",
         "DIFFUSERS_ATTENTION_TYPE": "vanilla",
     }
-    assert npu_port.get_strategy("npu").env["DIFFUSERS_ATTN_BACKEND"] == "_native_npu"
-    assert npu_port.get_strategy("chunked").env == {}  # diffusers has no chunked backend: leave it alone
+    assert get_strategy("npu").env["DIFFUSERS_ATTN_BACKEND"] == "_native_npu"
+    assert get_strategy("chunked").env == {}  # diffusers has no chunked backend: leave it alone
 
 
 def test_profiles_extend_a_strategy_and_carry_device_options():
-    hopper = npu_port.get_strategy("hopper-safe")
+    hopper = get_strategy("hopper-safe")
     assert (hopper.kind, hopper.extends, hopper.base, hopper.device) == ("profile", "sdpa", "sdpa", "cuda")
     assert hopper.options["sdpa_backends"] == ("efficient", "math")  # flash off, mem-efficient on
     assert hopper.env["DIFFUSERS_ATTENTION_TYPE"] == "sdpa"  # inherited
     assert hopper.env["DIFFUSERS_ATTN_BACKEND"] == "_native_efficient"  # overridden
-    ascend = npu_port.get_strategy("ascend-910b")
+    ascend = get_strategy("ascend-910b")
     assert ascend.select == "measure" and ascend.base == "auto"
     assert ascend.npu == {"jit_compile": False}
     assert ascend.acl_options["ACL_PRECISION_MODE"] == "must_keep_origin_dtype"
-    assert npu_port.get_strategy("cpu-fallback").options["memory_budget"] == 1 << 30
+    assert get_strategy("cpu-fallback").options["memory_budget"] == 1 << 30
 
 
 def test_every_shipped_file_passes_the_schema_and_uses_safe_yaml_only():
     for path in sorted(STRATEGIES_DIR.rglob("*.yaml")):
-        strategy = npu_port.load_strategy_file(path)
+        strategy = load_strategy_file(path)
         assert strategy.name == path.stem
         assert "!!" not in path.read_text()
 
 
 def test_unknown_name_lists_every_strategy_and_where_yaml_was_searched():
     with pytest.raises(UnknownStrategyError) as info:
-        npu_port.get_strategy("flahs")
+        get_strategy("flahs")
     assert isinstance(info.value, ValueError)
     assert str(info.value) == (
         "unknown attention strategy 'flahs'; valid strategies: " + ", ".join(BUILTINS + PROFILES) + "; "
@@ -157,7 +158,7 @@ def test_unknown_name_lists_every_strategy_and_where_yaml_was_searched():
 def test_schema_errors_name_file_line_and_valid_choices(tmp_path, text, line, message):
     path = write(tmp_path, "mine.yaml", text)
     with pytest.raises(StrategyFileError) as info:
-        npu_port.load_strategy_file(path)
+        load_strategy_file(path)
     assert (info.value.path, info.value.line) == (str(path.resolve()), line)
     assert str(info.value).startswith(f"{path.resolve()}:{line}: {message}")
 
@@ -166,7 +167,7 @@ def test_yaml_is_never_evaluated(tmp_path):
     marker = tmp_path / "evaluated"
     path = write(tmp_path, "evil.yaml", f"description: !!python/object/apply:os.system ['touch {marker}']\n")
     with pytest.raises(StrategyFileError):
-        npu_port.load_strategy_file(path)
+        load_strategy_file(path)
     assert not marker.exists()
 
 
@@ -175,7 +176,7 @@ def test_extends_cycle_is_an_error(tmp_path, monkeypatch):
     write(tmp_path, "two.yaml", "description: y\nextends: one\n")
     monkeypatch.setenv("NPU_PORT_STRATEGY_PATH", str(tmp_path))
     with pytest.raises(StrategyFileError, match="extends"):
-        npu_port.get_strategy("one")
+        get_strategy("one")
 
 
 def test_user_strategy_from_the_search_path_and_by_path(tmp_path, monkeypatch):
@@ -195,12 +196,12 @@ def test_user_strategy_from_the_search_path_and_by_path(tmp_path, monkeypatch):
     )
     monkeypatch.setenv("NPU_PORT_STRATEGY_PATH", str(tmp_path))
     assert npu_port.list_strategies()[-1] == "low-memory"
-    strategy = npu_port.get_strategy("low-memory")
+    strategy = get_strategy("low-memory")
     assert strategy.select == "measure"  # new candidates keep the parent's way of choosing
     assert strategy.candidates == ("sdpa", "chunked")
     assert strategy.options == {"memory_budget": 64 << 20, "repeats": 3}
     assert strategy.kernel_options == {"chunked": {"query_block": 128}}
-    assert npu_port.load_strategy_file(str(path)) is strategy  # parsed once while unchanged
+    assert load_strategy_file(str(path)) is strategy  # parsed once while unchanged
 
 
 def test_user_file_may_not_take_a_builtin_name(tmp_path, monkeypatch):
@@ -208,7 +209,7 @@ def test_user_file_may_not_take_a_builtin_name(tmp_path, monkeypatch):
     monkeypatch.setenv("NPU_PORT_STRATEGY_PATH", str(tmp_path))
     with pytest.warns(UserWarning, match="'sdpa' is a built-in strategy name; rename the file"):
         assert "sdpa" in npu_port.list_strategies()  # reported and skipped; the built-in keeps its name
-    assert npu_port.get_strategy("sdpa").candidates == ("sdpa",)
+    assert get_strategy("sdpa").candidates == ("sdpa",)
 
 
 def test_register_strategy_in_code():
@@ -216,15 +217,15 @@ def test_register_strategy_in_code():
         "test-low-mem", description="test", candidates=["sdpa", "chunked"], options={"memory_budget": "8MiB"}
     )
     try:
-        assert npu_port.get_strategy("test-low-mem") is strategy
+        assert get_strategy("test-low-mem") is strategy
         assert strategy.select == "first" and strategy.options["memory_budget"] == 8 << 20
         assert "test-low-mem" in npu_port.list_strategies()
         with pytest.raises(ValueError, match="already registered; pass replace=True"):
             npu_port.register_strategy("test-low-mem", kernel="math")
         replaced = npu_port.register_strategy("test-low-mem", kernel="math", replace=True)
-        assert npu_port.get_strategy("test-low-mem") is replaced
+        assert get_strategy("test-low-mem") is replaced
     finally:
-        npu_port.unregister_strategy("test-low-mem")
+        unregister_strategy("test-low-mem")
     assert "test-low-mem" not in npu_port.list_strategies()
 
 
@@ -246,7 +247,7 @@ def test_register_strategy_errors(kwargs, message):
 
 
 def test_overrides_are_validated_like_yaml():
-    sdpa = npu_port.get_strategy("sdpa")
+    sdpa = get_strategy("sdpa")
     assert sdpa.with_overrides(memory_budget="1GiB").options["memory_budget"] == 1 << 30
     with pytest.raises(ValueError) as info:
         sdpa.with_overrides(budget=1)
@@ -255,7 +256,7 @@ def test_overrides_are_validated_like_yaml():
         sdpa.with_overrides(compute_dtype="half")
     with pytest.raises(ValueError, match="processor= is for the custom-processor strategy, not 'sdpa'"):
         sdpa.with_overrides(processor="pkg.mod:Proc")
-    custom = npu_port.get_strategy("custom-processor").with_overrides(processor="pkg.mod:Proc")
+    custom = get_strategy("custom-processor").with_overrides(processor="pkg.mod:Proc")
     assert custom.processor == "pkg.mod:Proc"
 
 

@@ -16,6 +16,7 @@ import torch
 from hypothesis import given, settings
 
 import npu_port
+from npu_port.attn import get_kernel
 from npu_port.attn import select as kernel_select
 from npu_port.attn.call import AttentionCall
 from npu_port.attn.kernels.base import Kernel
@@ -23,6 +24,7 @@ from npu_port.errors import KernelUnavailableError, NoKernelError, StrategyError
 from npu_port.strategy.decision import PICKED, REFUSED, REJECTED, SKIPPED, bucket_key
 from npu_port.strategy.measure import measure
 from npu_port.strategy.process import STATE
+from npu_port.strategy.registry import get_strategy, unregister_strategy
 from npu_port.strategy.router import StrategyRouter
 
 from .conftest import emulated_torch_npu
@@ -36,7 +38,7 @@ def qkv(b=1, h=2, s=16, d=8, dtype=torch.float32, seed=0):
 
 
 def router(name, **overrides):
-    return StrategyRouter(npu_port.get_strategy(name).with_overrides(**overrides))
+    return StrategyRouter(get_strategy(name).with_overrides(**overrides))
 
 
 # ---- fixed and first --------------------------------------------------------------------------------------------
@@ -69,7 +71,7 @@ def test_fixed_strategy_error_is_the_kernel_error():
         assert info.value.kernel == "npu_fusion" and "sdpa" in info.value.runnable
         assert [reason.code for reason in info.value.reasons] == ["mask"]
     finally:
-        npu_port.unregister_strategy("test-fixed-npu")
+        unregister_strategy("test-fixed-npu")
 
 
 def test_first_strategy_picks_the_first_runnable_candidate_and_records_why_not_the_others():
@@ -124,7 +126,7 @@ class _Scaled(Kernel):
         if self.fail:
             raise RuntimeError(self.fail)
         time.sleep(self.delay)
-        return npu_port.get_kernel("sdpa").run(call) * self.factor
+        return get_kernel("sdpa").run(call) * self.factor
 
 
 def _measure(call, candidates, **kw):
@@ -140,7 +142,7 @@ def test_auto_rejects_kernels_that_disagree_give_nan_or_fail():
     nan.name = "nan"
     broken = _Scaled(fail="CUDA error: invalid argument\nmore")
     broken.name = "broken"
-    decision = _measure(call, [_Scaled(1.5), nan, broken, npu_port.get_kernel("math")])
+    decision = _measure(call, [_Scaled(1.5), nan, broken, get_kernel("math")])
     by_name = {c.kernel: c for c in decision.candidates}
     assert decision.kernel == "math"
     assert by_name["wrong"].status == REJECTED
@@ -154,7 +156,7 @@ def test_auto_picks_the_fastest_correct_candidate():
     call = AttentionCall.from_arguments(q, k, v)
     slow = _Scaled(1.0, delay=0.02)
     slow.name = "slow"
-    decision = _measure(call, [slow, npu_port.get_kernel("sdpa")])
+    decision = _measure(call, [slow, get_kernel("sdpa")])
     assert decision.kernel == "sdpa"
     statuses = {c.kernel: c.status for c in decision.candidates}
     assert statuses == {"sdpa": PICKED, "slow": "ok"}
@@ -168,7 +170,7 @@ def test_auto_respects_its_time_budget():
     slow = _Scaled(1.0, delay=0.15)
     slow.name = "slow"
     started = time.perf_counter()
-    decision = _measure(call, [slow, npu_port.get_kernel("sdpa"), npu_port.get_kernel("math")], probe_seconds=0.2)
+    decision = _measure(call, [slow, get_kernel("sdpa"), get_kernel("math")], probe_seconds=0.2)
     assert time.perf_counter() - started < 1.0  # slow: parity run + warm-up + one timed run, then the budget is spent
     statuses = {c.kernel: c.status for c in decision.candidates}
     assert statuses["slow"] == PICKED and statuses["sdpa"] == SKIPPED and statuses["math"] == SKIPPED
@@ -365,7 +367,7 @@ def test_diffusers_refusal_is_reported_not_silent():
                 assert dispatch._AttentionBackendRegistry._active_backend is before  # left as it was
                 assert os.environ["DIFFUSERS_ATTN_BACKEND"] == "_native_npu"  # child processes still get it
     finally:
-        npu_port.unregister_strategy("test-env-npu")
+        unregister_strategy("test-env-npu")
     prefix = "DIFFUSERS_ATTN_BACKEND=_native_npu: diffusers is already imported and refused it at run time ("
     assert [str(w.message)[: len(prefix)] for w in caught] == [prefix]
     assert caught[0].category is npu_port.strategy.process.StrategyNotAppliedWarning

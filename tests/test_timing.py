@@ -14,6 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from npu_port.attn import get_kernel
 from npu_port.device.timing import Rounds, repeat, rotated, spread, stamp, timed, warm_up
 
 
@@ -244,7 +245,6 @@ def test_after_round_is_told_each_round_and_how_many_candidates_started_it():
 
 
 def test_auto_times_its_candidates_in_rotated_rounds_and_records_only_the_timed_ones(monkeypatch):
-    import npu_port
     from npu_port.attn.call import AttentionCall
     from npu_port.strategy import measure as measure_module
     from npu_port.strategy.decision import bucket_key
@@ -265,7 +265,7 @@ def test_auto_times_its_candidates_in_rotated_rounds_and_records_only_the_timed_
     decision = measure_module.measure(
         call,
         bucket_key(call),
-        [npu_port.get_kernel(name) for name in names],
+        [get_kernel(name) for name in names],
         budget_bytes=None,
         warmup=2,
         repeats=3,

@@ -4,4 +4,28 @@ An integration imports the core (``npu_port.attn`` and friends) and the library 
 an integration. That keeps ``import npu_port`` free of optional packages and lets the attention kernels, the masks
 and the device layer be tested without diffusers installed. Each integration imports its library lazily, inside
 the functions that need it, so importing this package costs nothing either.
+
+Each integration that can apply a strategy to a model registers a target applier here
+(:mod:`npu_port.strategy.appliers`): that is how ``set_attention_strategy(target=model)`` reaches it.
 """
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from ..strategy.appliers import register_target_applier
+
+
+def _apply_to_diffusers_target(
+    target: Any, attention_fn: Optional[Callable[..., Any]], *, processor_factory: Optional[Callable[[], Any]] = None
+) -> Any:
+    """The diffusers integration's target applier; the integration (and torch, diffusers) load on first use."""
+    from .diffusers.apply import apply_to_target
+
+    return apply_to_target(target, attention_fn, processor_factory=processor_factory)
+
+
+#: ``set_attention_strategy(target=...)``'s applier for diffusers models and pipelines. It is the catch-all (no
+#: ``accepts`` test): for a target that is neither, its errors say what a target may be. Registered on import, and
+#: ``import npu_port`` imports this package, so a strategy can always be applied to a model.
+DIFFUSERS_APPLIER = register_target_applier("diffusers", _apply_to_diffusers_target)

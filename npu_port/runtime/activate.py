@@ -56,8 +56,8 @@ class Activation:
 
     def summary(self) -> Dict[str, Any]:
         """Device, strategy, and for every piece what was patched and how often it was hit (JSON-ready)."""
+        from ..dropins.finder import registered
         from ..integrations.legacy_attention import hooked_routes
-        from ..shims.finder import registered
 
         served = {name: list(r.served) for name, r in registered().items() if r.served}
         importers = {name: dict(r.imported_by) for name, r in registered().items() if r.served}
@@ -168,11 +168,11 @@ def activate(
     installed.
     """
     from ..device.redirect import redirect_cuda
+    from ..dropins.install import install_dropins, uninstall_dropins
     from ..errors import NpuPortError
+    from ..fallbacks.registry import install_builtin_fallbacks, uninstall_builtin_fallbacks
     from ..integrations.legacy_attention import hook_enable_xformers, is_routable_class, patch_legacy_attention
     from ..npu_setup import apply_npu_options
-    from ..shims.dropins import install_dropins, uninstall_dropins
-    from ..shims.fallbacks import install_builtin_fallbacks, uninstall_builtin_fallbacks
     from ..strategy.api import set_attention_strategy
     from .device_checks import DeviceChecks
     from .overrides import Overrides
@@ -197,7 +197,7 @@ def activate(
         undo.append(handle.restore)
         safe_math = None
         if handle.strategy.safe_math:  # the profile asks for fp32 / no TF32 (code that hits cuBLAS errors)
-            from ..shims.safe_math import force_safe_math
+            from ..fallbacks.safe_math import force_safe_math
 
             safe_math = force_safe_math(**handle.strategy.safe_math)
             undo.append(safe_math.restore)

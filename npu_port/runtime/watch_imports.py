@@ -80,7 +80,7 @@ class _CallbackLoader(importlib.abc.Loader):
 class ImportWatcher(importlib.abc.MetaPathFinder):
     """A ``sys.meta_path`` entry that asks the others for the spec and wraps loaders of watched files."""
 
-    #: npu_port.shims.finder's real-package lookup skips finders that ask the rest of sys.meta_path (no recursion).
+    #: npu_port.dropins.finder's real-package lookup skips finders that ask the rest of sys.meta_path (no recursion).
     delegates_to_meta_path = True
 
     def __init__(

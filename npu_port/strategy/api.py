@@ -1,9 +1,10 @@
 """``set_attention_strategy`` / ``attention_strategy`` and the handle they return.
 
 ``target=None`` applies a strategy process-wide: environment variables (and diffusers' runtime equivalent), and the
-kernel ``npu_port.attention(kernel=None)`` uses. ``target=model_or_pipeline`` applies it to every diffusers
-``Attention`` module in it (through :mod:`npu_port.integrations.diffusers`) and changes nothing else. Either way
-the handle can say what it did (``explain()``) and undo it exactly (``restore()``).
+kernel ``npu_port.attention(kernel=None)`` uses. ``target=model_or_pipeline`` applies it to every attention module in
+it, through the target applier an integration registered for it (:mod:`.appliers`; diffusers models and pipelines:
+:mod:`npu_port.integrations.diffusers`), and changes nothing else. Either way the handle can say what it did
+(``explain()``) and undo it exactly (``restore()``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from ..errors import StrategyError
 from ..weak import weak
+from .appliers import applier_for
 from .process import STATE
 from .registry import import_attr, is_processor_class, resolve
 from .router import StrategyRouter
@@ -27,7 +29,7 @@ class StrategyHandle:
         self.router = router
         self.process_wide = target is None
         self._target = weak(target)  # a handle never keeps the model alive (npu_port.weak)
-        self.applied: Any = None  # the diffusers integration's record, when target is given
+        self.applied: Any = None  # the target applier's record, when target is given (see .appliers)
         self.notes: List[str] = []
         self.restored = False
 
@@ -152,9 +154,7 @@ def set_attention_strategy(strategy: Any = "auto", target: Any = None, **options
             )
         processor = _processor_class(spec)
         handle = StrategyHandle(spec, None, target)
-        from ..integrations.diffusers import apply_to_target
-
-        handle.applied = apply_to_target(target, None, processor_factory=processor)
+        handle.applied = applier_for(target).apply(target, None, processor_factory=processor)
         return handle
     router = StrategyRouter(spec)
     router.check_available()
@@ -162,9 +162,7 @@ def set_attention_strategy(strategy: Any = "auto", target: Any = None, **options
     if target is None:
         handle.notes = STATE.activate(handle)
     else:
-        from ..integrations.diffusers import apply_to_target
-
-        handle.applied = apply_to_target(target, router)
+        handle.applied = applier_for(target).apply(target, router)
     return handle
 
 

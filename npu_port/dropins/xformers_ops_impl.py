@@ -1,5 +1,5 @@
 """npu-port's stand-in for ``xformers.ops``: ``memory_efficient_attention``, the attention-bias classes and the op
-placeholders, as :mod:`npu_port.shims.xformers_fmha_impl` defines them (``xformers.ops.fmha`` is served from there).
+placeholders, as :mod:`npu_port.dropins.xformers_fmha_impl` defines them (``xformers.ops.fmha`` is served from there).
 
 ``unbind`` is ``torch.unbind`` (xformers' version only avoids a copy in the backward).
 """

@@ -1,7 +1,7 @@
 """npu-port's stand-in for ``flash_attn`` (FlashAttention 2): the same functions, computed by ``npu_port.attention``.
 
 Served as ``flash_attn`` and ``flash_attn.flash_attn_interface`` by the import hook when no working flash-attn is
-installed (see :mod:`npu_port.shims.dropins`). Layout ``(batch, seqlen, heads, head_dim)``; fewer key/value heads
+installed (see :mod:`npu_port.dropins.install`). Layout ``(batch, seqlen, heads, head_dim)``; fewer key/value heads
 than query heads is grouped-query attention. Semantics follow flash-attn's documentation:
 
 - ``causal=True`` is aligned to the *bottom-right* corner: query ``i`` sees keys ``j <= i + seqlen_k - seqlen_q``
@@ -14,7 +14,7 @@ than query heads is grouped-query attention. Semantics follow flash-attn's docum
 
 The varlen functions take packed tokens ``(total, heads, head_dim)`` and ``cu_seqlens`` (int32, batch + 1); each
 sequence attends only to its own keys (causal and windows per sequence, bottom-right). ``max_seqlen_*`` are not
-needed and not checked. See :mod:`npu_port.shims._attention` for how packed batches are attended (one call with a
+needed and not checked. See :mod:`npu_port.dropins._attention` for how packed batches are attended (one call with a
 block-diagonal mask, or one call per sequence for very large batches).
 
 ``flash_attn_with_kvcache`` writes new keys/values into the caches in place and attends to each item's filled

@@ -29,7 +29,10 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Dict, Iterable, List, Optional
 
-logger = logging.getLogger("npu_port.shims")
+#: The logger that reports a real module failing to load. Its name predates the split of ``npu_port.shims`` into
+#: :mod:`npu_port.dropins` and :mod:`npu_port.fallbacks` and is kept: it is documented, and logging set-ups name it.
+LOGGER_NAME = "npu_port.shims"
+logger = logging.getLogger(LOGGER_NAME)
 
 MODES = ("missing", "broken", "always")
 
@@ -107,13 +110,17 @@ class _RealOrFallbackLoader(importlib.abc.Loader):
         _StandInLoader(self.replacement, self.fullname).exec_module(module)
 
 
+#: Module-name prefixes of the frames :func:`_importer` looks past: the import system and npu-port's stand-ins.
+_IMPORT_MACHINERY = ("importlib", "_frozen_importlib", "npu_port.dropins", "npu_port.fallbacks", "npu_port.shims")
+
+
 def _importer() -> str:
     """The module whose code is importing right now: the first frame outside the import system and npu-port's
     stand-ins (so the summary can say "xformers, imported by diffusers.models.attention_processor")."""
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
-        if not name.startswith(("importlib", "npu_port.shims", "_frozen_importlib")):
+        if not name.startswith(_IMPORT_MACHINERY):
             return name or "?"
         frame = frame.f_back
     return "?"

@@ -2,7 +2,7 @@
 
 A CUDA project builds its kernels with ``setup.py`` + ``.cu`` and imports them; on an NPU or a CPU that import fails
 — the module is missing, or it is there and dies with ``undefined symbol`` / ``libcudart.so`` errors. Registered
-here, the name is served by the import hook (:mod:`npu_port.shims.finder`) from a replacement written in PyTorch.
+here, the name is served by the import hook (:mod:`npu_port.dropins.finder`) from a replacement written in PyTorch.
 
 By default (mode ``"broken"``) a real extension that loads always wins; one that is missing or fails to load is
 replaced, and the failure is logged. ``"missing"`` replaces only a missing module; ``"always"`` replaces even a
@@ -10,10 +10,10 @@ working one.
 
 A replacement is a dotted module path, a module object, or a mapping of names to callables. The finder imports
 replacements by module path, so objects are kept under private names in ``sys.modules``
-(``npu_port.shims._fallback_modules.<name>``) for as long as they are registered.
+(``npu_port.fallbacks._fallback_modules.<name>``) for as long as they are registered.
 
 Built in (:data:`BUILTIN_FALLBACKS`): RAFT's ``alt_cuda_corr`` (and ``raft_alt_cuda_corr``, its name in RAFT's
-packaged layout), served by :mod:`npu_port.shims.alt_cuda_corr`.
+packaged layout), served by :mod:`npu_port.fallbacks.alt_cuda_corr`.
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Dict, List, Optional, Union
 
+from ..dropins.finder import MODES, Replacement, register, registered, unregister
 from ..errors import FallbackError
-from .finder import MODES, Replacement, register, registered, unregister
 
 #: Built-in fallbacks: extension module name -> the npu-port module that implements it.
 BUILTIN_FALLBACKS: Dict[str, str] = {
-    "alt_cuda_corr": "npu_port.shims.alt_cuda_corr",
-    "raft_alt_cuda_corr": "npu_port.shims.alt_cuda_corr",
+    "alt_cuda_corr": "npu_port.fallbacks.alt_cuda_corr",
+    "raft_alt_cuda_corr": "npu_port.fallbacks.alt_cuda_corr",
 }
 
 #: Where replacement objects (modules, mappings) live while registered, so the finder can import them by path.
-OBJECTS_PACKAGE = "npu_port.shims._fallback_modules"
+OBJECTS_PACKAGE = "npu_port.fallbacks._fallback_modules"
 
 _VALID_FORMS = "a dotted module path (str), a module object, or a mapping of names to callables"
 
@@ -235,7 +235,7 @@ def _objects_package() -> ModuleType:
     """The private parent of object replacements, created in ``sys.modules`` on first use."""
     package = sys.modules.get(OBJECTS_PACKAGE)
     if package is None:
-        package = ModuleType(OBJECTS_PACKAGE, "Replacement objects registered with npu_port.shims.fallbacks.")
+        package = ModuleType(OBJECTS_PACKAGE, "Replacement objects registered with npu_port.fallbacks.registry.")
         package.__path__ = []
         sys.modules[OBJECTS_PACKAGE] = package
     return package

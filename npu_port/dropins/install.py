@@ -1,7 +1,7 @@
 """The flash_attn and xformers drop-ins: ``import flash_attn`` / ``import xformers.ops`` in a CUDA project work on an
 NPU or a CPU, computing through ``npu_port.attention`` (the active strategy's kernel).
 
-:func:`install_dropins` registers them with the import hook (:mod:`npu_port.shims.finder`), which also presents
+:func:`install_dropins` registers them with the import hook (:mod:`npu_port.dropins.finder`), which also presents
 package metadata, so ``importlib.util.find_spec("flash_attn")``, ``importlib.metadata.version("flash-attn")`` and the
 availability checks of diffusers and transformers see them. By default (mode ``"missing"``) a real, installed
 package always wins: the stand-in is served only where no real one can be found. ``force=True`` (mode
@@ -15,16 +15,16 @@ from typing import List
 
 from .finder import Replacement, register, unregister
 
-_SHIMS = "npu_port.shims."
+_HERE = "npu_port.dropins."
 
 #: The drop-ins, as registration templates (installing registers fresh copies).
 DROP_INS = (
     Replacement(
         "flash_attn",
         {
-            "flash_attn": _SHIMS + "flash_attn_impl",
-            "flash_attn.flash_attn_interface": _SHIMS + "flash_attn_impl",
-            "flash_attn.bert_padding": _SHIMS + "flash_attn_bert_padding",
+            "flash_attn": _HERE + "flash_attn_impl",
+            "flash_attn.flash_attn_interface": _HERE + "flash_attn_impl",
+            "flash_attn.bert_padding": _HERE + "flash_attn_bert_padding",
         },
         distribution="flash-attn",
         version="2.7.4",
@@ -32,10 +32,10 @@ DROP_INS = (
     Replacement(
         "xformers",
         {
-            "xformers": _SHIMS + "xformers_impl",
-            "xformers.ops": _SHIMS + "xformers_ops_impl",
-            "xformers.ops.fmha": _SHIMS + "xformers_fmha_impl",
-            "xformers.ops.fmha.attn_bias": _SHIMS + "xformers_attn_bias_impl",
+            "xformers": _HERE + "xformers_impl",
+            "xformers.ops": _HERE + "xformers_ops_impl",
+            "xformers.ops.fmha": _HERE + "xformers_fmha_impl",
+            "xformers.ops.fmha.attn_bias": _HERE + "xformers_attn_bias_impl",
         },
         distribution="xformers",
         version="0.0.32.post2",

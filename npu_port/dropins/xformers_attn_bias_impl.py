@@ -29,7 +29,7 @@ Device = Union[str, torch.device]
 
 class AttentionBias:
     """Base class of the biases. Subclasses say which keys a query sees with ``_band()``: ``(left, right,
-    bottom_right)`` as in :func:`npu_port.shims._attention.band_keep` (-1 = unbounded)."""
+    bottom_right)`` as in :func:`npu_port.dropins._attention.band_keep` (-1 = unbounded)."""
 
     HOLDS_DENSE_TENSOR = False
 

@@ -4,7 +4,7 @@ Layouts as in xformers: BMHK ``(batch, seq, heads, K)``, BMK ``(batch, seq, K)``
 ``(batch, q_len, key_len)``) and BMGHK ``(batch, seq, groups, heads, K)`` (grouped-query attention: key/value
 expanded over ``heads``). ``attn_bias``: None, an additive float tensor broadcastable to ``(B, H, q_len, key_len)``
 (0 = keep, -inf = masked; unlike xformers, any shape that broadcasts and any float dtype is accepted, and cast to the
-query's dtype), or one of the classes of :mod:`npu_port.shims.xformers_attn_bias_impl`. ``p`` is the dropout
+query's dtype), or one of the classes of :mod:`npu_port.dropins.xformers_attn_bias_impl`. ``p`` is the dropout
 probability, ``scale`` defaults to ``1 / sqrt(K)``. ``op`` only picks a CUDA kernel in xformers: it is accepted and
 ignored (npu-port's active attention strategy picks the kernel). A query row with no key gives zeros.
 """
@@ -20,6 +20,7 @@ from torch import Tensor
 from ..errors import AttentionInputError, DropInError
 from . import xformers_attn_bias_impl as attn_bias
 from ._attention import attend_bshd
+from .finder import LOGGER_NAME
 from .xformers_attn_bias_impl import (
     AttentionBias,
     BlockDiagonalCausalFromBottomRightMask,
@@ -31,7 +32,7 @@ from .xformers_attn_bias_impl import (
     LowerTriangularMaskWithTensorBias,
 )
 
-logger = logging.getLogger("npu_port.shims")
+logger = logging.getLogger(LOGGER_NAME)
 
 Bias = Union[None, Tensor, AttentionBias]
 

@@ -3,7 +3,7 @@
 RAFT (princeton-vl/RAFT) builds ``alt_cuda_corr`` from ``alt_cuda_corr/correlation_kernel.cu`` for its
 memory-efficient ``AlternateCorrBlock``: instead of the all-pairs volume ``(B, H, W, H, W)`` it correlates each pixel
 of ``fmap1`` with a ``(2r+1)^2`` window of ``fmap2`` around ``coords``, on demand. On an NPU or a CPU the extension
-cannot be built, so npu-port serves this module under its name (see :mod:`npu_port.shims.fallbacks`).
+cannot be built, so npu-port serves this module under its name (see :mod:`npu_port.fallbacks.registry`).
 
 What the CUDA op does, and this module does too:
 
