@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlparse
 from .reasons import Reason
 
 #: What each extra of setup.cfg installs, for when the distribution's metadata cannot be read (a source tree on
-#: sys.path). tests/test_packaging.py checks this against setup.cfg.
+#: sys.path). tests/project/test_packaging.py checks this against setup.cfg.
 EXTRAS: Dict[str, List[str]] = {
     "npu": ["torch-npu"],
     "diffusers": ["diffusers>=0.27", "transformers"],

@@ -11,7 +11,9 @@ so they all keep the same promises:
   instead of stacking a second one; the attribute goes back when the last user :func:`release`\\ s it.
 - **Only ours is undone.** On release, an attribute that someone replaced after us is left as it is — theirs stays,
   a :class:`PatchLeftInPlace` warning says so — while a later patch of *ours* on the same attribute is spliced
-  (its original becomes ours), so our patches may be released in any order and still end exact.
+  (its original becomes ours), so our patches may be released in any order and still end exact. Until that later
+  patch goes, it still calls the released replacement: a replacement that another of ours may wrap must pass
+  through once released (safe math's and the CUDA redirect's ``autocast.__init__`` both do).
 - **Nothing kept for nothing.** A released patch is forgotten: no originals are held once nothing is active.
 - **One lock** (:data:`LOCK`, re-entrant) around every change; callers that must keep their own tables consistent with
   the patches take the same lock.
@@ -102,7 +104,7 @@ def replace(owner: Any, name: str, replacement: Any, *, key: Hashable = None) ->
 def find(owner: Any, name: str, key: Hashable) -> Optional[Patch]:
     """Our live patch of ``owner.name`` made for ``key`` (the newest), or None."""
     with LOCK:
-        for patch in reversed(_LIVE.get((id(owner), name), ())):
+        for patch in reversed(tuple(_LIVE.get((id(owner), name), ()))):
             if patch.owner is owner and patch.key == key:
                 return patch
         return None
@@ -168,6 +170,6 @@ def release(patch: Patch) -> bool:
 
 def active(key_filter: Optional[Callable[[Hashable], bool]] = None) -> List[Patch]:
     """Every live patch (oldest first per attribute), optionally only those whose ``key`` passes ``key_filter``."""
-    with LOCK:
-        found = [patch for stack in _LIVE.values() for patch in stack]
+    with LOCK:  # snapshots first: a weakref callback (a freed watched module) may release a patch meanwhile
+        found = [patch for stack in tuple(_LIVE.values()) for patch in tuple(stack)]
     return [p for p in found if key_filter is None or key_filter(p.key)]

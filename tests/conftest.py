@@ -38,6 +38,11 @@ def pytest_configure(config):
     problems = checkout_problems(ROOT, Path(npu_port.__file__).parent, builtin_dirs()[0])
     if problems:
         raise pytest.UsageError(guard_message(ROOT, problems))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:  # pytest-xdist: share the cores between the workers instead of oversubscribing them
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 settings.register_profile("dev", deadline=None, print_blob=True)
@@ -160,7 +165,11 @@ def _in_diffusers_range(item: pytest.Item, installed: "Version | None") -> bool:
     return True
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects: an e2e test is slow, so the fast tier never runs one
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    for item in items:
+        if item.get_closest_marker("e2e") is not None and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
     installed = installed_diffusers()
     kept, deselected = [], []
     for item in items:

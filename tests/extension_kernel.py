@@ -3,7 +3,7 @@
 It declares everything the registry derives its lists from: a priority between sdpa (30) and chunked (20), that the
 default selection tries it, no listing place (so it is listed after the built-ins), and that the strategy option
 ``memory_budget`` sets its ``budget`` option. It computes attention in float64 (exact, slow), so a test can check its
-output against a float64 reference. It is not registered on import: tests/test_kernel_extension.py registers it and
+output against a float64 reference. It is not registered on import: tests/attn/test_kernel_extension.py registers it and
 takes it out again.
 """
 

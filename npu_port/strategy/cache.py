@@ -39,7 +39,9 @@ from ..attn.kernels.base import Kernel
 from ..device import device_name
 from .decision import Decision
 
-FORMAT = 1
+#: The entries' format. Part of the file's key, so installs writing different formats keep separate files instead of
+#: rejecting and rewriting each other's entries (2: reasons carry their codes, ``reason_codes``).
+FORMAT = 2
 
 logger = logging.getLogger("npu_port.strategy")
 
@@ -91,7 +93,9 @@ class DecisionCache:
     ) -> None:
         self.environment = environment(device, packages)
         self.fingerprint = fingerprint
-        key = json.dumps({"environment": self.environment, "strategy": fingerprint}, sort_keys=True, default=str)
+        key = json.dumps(
+            {"format": FORMAT, "environment": self.environment, "strategy": fingerprint}, sort_keys=True, default=str
+        )
         digest = hashlib.sha256(key.encode()).hexdigest()[:20]
         self.path = (root or cache_root()) / "auto" / f"{digest}.json"
         self.loads = 0

@@ -8,7 +8,7 @@ What this is
     their speed, memory, or bit-level numerics.  It exists so that npu-port's NPU attention code paths -- layout
     conversion, mask polarity and shape, sparse_mode choice, GQA, scale, the 7-tuple -- can be tested on a
     machine without Ascend hardware.  The test suite checks the emulator itself against the reference
-    computations printed in those same docs (tests/test_torch_npu_emulator.py).
+    computations printed in those same docs (tests/attn/test_torch_npu_emulator.py).
 
 How to use it in a test
         import sys

@@ -99,7 +99,7 @@ class SdpaKernel(Kernel):
     #: torch's CPU flash kernel treats a row whose scores are all NaN as empty and writes zeros (a NaN query row, a
     #: head whose keys are all NaN); every other NaN it reads it passes on. (Under is_causal with fewer queries than
     #: keys it never reads the keys past the last query: the router does not rely on this flag there.)
-    #: tests/test_nan_propagation.py pins both.
+    #: tests/attn/test_nan_propagation.py pins both.
     zeros_hide_nan = True
     OPTIONS = {
         "backends": Option(

@@ -43,6 +43,7 @@ class _Installed:
         self.target = target
         self.cuda_available = cuda_available
         self.ledger = PatchLedger()
+        self.mapper = DeviceMapper(target.type)
         self.hits: Dict[str, int] = {}
         self.depth = 0
 
@@ -55,7 +56,7 @@ def _plan(state: _Installed) -> List[Tuple[Any, str, Any]]:
     import torch.distributed as dist
     import torch.nn.parallel
 
-    mapper = DeviceMapper(state.target.type)
+    mapper = state.mapper
 
     def hit(key: str):
         return counting(state.hits, key)
@@ -228,6 +229,7 @@ class CudaRedirect:
                     for owner, name, replacement in _plan(state):
                         state.ledger.replace(owner, name, replacement)
                 except BaseException:
+                    state.mapper.live = False
                     state.ledger.restore()
                     raise
                 _active = state
@@ -249,6 +251,7 @@ class CudaRedirect:
                 return True
             _active.depth -= 1
             if _active.depth == 0:
+                _active.mapper.live = False
                 _active.ledger.restore()
                 _active = None
             return True

@@ -23,6 +23,8 @@ class DeviceMapper:
     def __init__(self, target: str):
         self.target = target
         self.indexed = target != "cpu"
+        #: False once the redirect is uninstalled: a wrapper that another patch still calls passes through then.
+        self.live = True
 
     def _string(self, index: Optional[int]) -> str:
         if not self.indexed:

@@ -127,11 +127,14 @@ def init_with_device(
 
     ``GradScaler()`` means CUDA when no device is given (``cuda_by_default``), so that case is mapped too.
     CUDA autocast defaults to float16; when a CUDA autocast is redirected, that default is kept explicitly, so the
-    computation is the one the code asked for rather than the target's own default (bfloat16 on cpu).
+    computation is the one the code asked for rather than the target's own default (bfloat16 on cpu). Once the
+    redirect is uninstalled it passes through: safe math may have wrapped it and still call it.
     """
 
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not mapper.live:  # uninstalled, but still called by a patch made on top of ours (safe math's)
+            return original(self, *args, **kwargs)
         if args and type(args[0]) is str and args[0] == "cuda":
             args = (mapper.target,) + args[1:]
         elif kwargs.get(parameter) == "cuda" or (cuda_by_default and not args and parameter not in kwargs):

@@ -1,0 +1,93 @@
+"""The benchmark scripts keep working (tiny sizes): they are what users run on real hardware."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ..conftest import emulated_torch_npu
+
+pytestmark = pytest.mark.slow  # each runs a benchmark script in its own process(es)
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kernel_check_reports_every_kernel_and_runs_the_emulated_npu_ones(monkeypatch):
+    kernel_check = _load("kernel_check")
+    monkeypatch.setattr(
+        kernel_check,
+        "CASES",
+        {"tiny-padding": (2, 2, 2, 16, 16, 16, False, "key_padding"), "tiny-gqa": (1, 4, 2, 8, 8, 16, True, None)},
+    )
+    with emulated_torch_npu():
+        rows = kernel_check.check(torch.device("cpu"), [torch.float16], repeats=1)
+    by_kernel = {}
+    for row in rows:
+        by_kernel.setdefault(row["kernel"], []).append(row)
+    for name in ("math", "sdpa", "chunked", "npu_fusion", "npu_fused_infer"):
+        assert all(row.get("ok") for row in by_kernel[name]), by_kernel[name]
+    assert all("refused" in row for row in by_kernel["xformers"] + by_kernel["flash_attn"])
+
+
+@pytest.mark.e2e
+def test_chunked_memory_writes_results_with_the_machine(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "chunked_memory.py"),
+            "--seq",
+            "256",
+            "--kernels",
+            "sdpa,chunked@1MiB,legacy",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "chunked_memory_cpu_float32_S256.json").read_text())
+    assert report["machine"]["cores"] >= 1 and report["config"]["seq"] == 256
+    rows = {(r["kernel"], json.dumps(r["options"])): r for r in report["rows"]}
+    chunked = rows[("chunked", json.dumps({"max_bytes": 1 << 20}))]
+    assert chunked["max_abs_diff_vs_sdpa"] < 1e-5 and "queries x" in chunked["plan"]
+    assert all("error" not in r for r in report["rows"])
+
+
+@pytest.mark.e2e
+def test_redirect_overhead_runs_both_loops_in_their_own_processes(tmp_path):
+    out = tmp_path / "redirect.json"
+    command = [
+        sys.executable,
+        str(BENCHMARKS / "redirect_overhead.py"),
+        "--rounds",
+        "1",
+        "--steps",
+        "3",
+        "--out",
+        str(out),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode in (0, 1), result.stderr  # 1 = over the target, which 3 steps cannot judge
+    report = json.loads(out.read_text())
+    assert set(report["median_seconds"]) == {"cpu-written", "cuda-written, redirected"}
+    assert report["same_final_loss"] is True
+    assert (
+        report["ratio"]
+        == report["median_seconds"]["cuda-written, redirected"] / report["median_seconds"]["cpu-written"]
+    )
+    assert report["machine"]["device_name"].startswith("cpu: ") and report["machine"]["load_average"] is not None

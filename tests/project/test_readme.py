@@ -1,0 +1,36 @@
+"""README's quick start stays true: exactly two commands, torch pinned, and CI runs the very test command shown."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _quick_start_commands():
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.*?)\n```", section, flags=re.S)
+
+
+def test_quick_start_has_exactly_two_one_line_commands_with_torch_pinned():
+    commands = _quick_start_commands()
+    assert len(commands) == 2
+    for command in commands:
+        assert "\n" not in command
+        assert 'pip install "torch==2.13.0"' in command
+    assert commands[0].endswith("python scripts/inference_npu.py")
+    assert commands[1].endswith("python -m pytest")
+
+
+@pytest.mark.e2e
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    extract = re.search(r"test_command=\"\$\((awk .*?)\)\"", ci).group(1)
+    found = subprocess.run(["bash", "-c", extract], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    assert found == _quick_start_commands()[1]
+    assert 'pip install --quiet "torch==2.13.0"' in ci and '-e ".[dev,diffusers]"' in ci
