@@ -24,7 +24,7 @@ def test_quick_start_has_exactly_two_one_line_commands_with_torch_pinned():
         assert "\n" not in command
         assert 'pip install "torch==2.13.0"' in command
     assert commands[0].endswith("python scripts/inference_npu.py")
-    assert commands[1].endswith("python -m pytest")
+    assert commands[1].endswith("python -m pytest -n auto")  # every core (pytest-xdist); the whole suite
 
 
 @pytest.mark.e2e
