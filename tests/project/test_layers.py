@@ -36,6 +36,7 @@ LAYER = {
     "runtime": 4,
     "bench": 5,
     "doctor": 5,
+    "scan": 5,
     "infer": 5,
     "demo": 5,
     "cli": 6,

@@ -1,0 +1,72 @@
+"""``npu-port scan PATH...``: what will break, where, and what npu-port already handles (see npu_port.scan)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+SEVERITY_CHOICES = ("import", "runtime", "handled", "perf", "info", "never")
+NEEDS_TORCH = False  # reading code needs no torch: a scan works where torch is broken
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "scan",
+        help="find what will break on an NPU / CPU / GPU without CUDA-only builds, and what npu-port handles",
+        description="Scan Python files (and requirements, YAML configs, CUDA sources) for CUDA-only code: a report "
+        "grouped by file and severity with a summary of what breaks at import, what `npu-port run` handles and what "
+        "needs a manual change. Suppress one finding with `# npu-port: ignore[NPU301]` on its line.",
+    )
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (default: .)")
+    parser.add_argument("--rules", action="store_true", help="list every rule and exit")
+    parser.add_argument("--format", choices=("text", "json", "csv", "sarif"), default="text")
+    parser.add_argument("--output", "-o", metavar="FILE", help="write the report here (atomically) instead of stdout")
+    parser.add_argument("--select", default="", help="comma list of codes or prefixes to run (default: all)")
+    parser.add_argument("--ignore", default="", help="comma list of codes or prefixes not to run")
+    parser.add_argument(
+        "--fail-on",
+        choices=SEVERITY_CHOICES,
+        default="never",
+        help="exit 1 when a finding of this severity or a more serious one is found (import > runtime > handled > "
+        "perf > info; default: never)",
+    )
+    parser.add_argument("--jobs", "-j", type=int, default=None, help="processes (default: one per core)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _codes(value: str):
+    return [part.strip().upper() for part in value.split(",") if part.strip()]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..scan import report
+    from ..scan.engine import scan
+    from ..scan.rule import SEVERITIES
+
+    if args.rules:
+        sys.stdout.write(report.rules_table())
+        return 0
+    if args.jobs is not None and args.jobs < 1:
+        from ..scan.engine import ScanError
+
+        raise ScanError(f"--jobs must be at least 1, got {args.jobs}")
+    result = scan(
+        args.paths or ["."],
+        select=_codes(args.select),
+        ignore=_codes(args.ignore),
+        jobs=args.jobs,
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )
+    text = report.render(result, args.format)
+    if args.output:
+        from ..atomic import write_text
+
+        write_text(args.output, text)
+        sys.stderr.write("\n".join(report.summary_lines(result)) + f"\nwrote {args.output}\n")
+    else:
+        sys.stdout.write(text)
+    if args.fail_on != "never":
+        worst = SEVERITIES.index(args.fail_on)
+        if any(SEVERITIES.index(f.severity) <= worst for f in result.findings):
+            return 1
+    return 0

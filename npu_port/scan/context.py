@@ -1,0 +1,220 @@
+"""One file as the rules see it: its text, its syntax tree, and every name resolved through the file's imports.
+
+A call is ``torch.cuda.synchronize`` because of what the names mean *in that file*: ``import torch.cuda.amp as amp``
+makes ``amp.autocast`` ``torch.cuda.amp.autocast``; ``from torch.cuda.amp import autocast`` and ``autocast =
+torch.cuda.amp.autocast`` make plain ``autocast`` the same; a project's own ``def flash_attn_func`` (or a parameter,
+or a local assignment) makes ``flash_attn_func`` nothing of the library's. Text matching gets all of these wrong.
+
+The tree is Python's own :mod:`ast` and the resolver is ours (imports, ``from`` imports, aliases, assignments of
+resolved names, function and class scopes): on 2 cores that reads about 500 files a second, where libcst's parser
+with its scope and qualified-name providers reads about 10 — and scanning a 5,000-file tree must take seconds.
+``npu-port fix`` rewrites with libcst, which keeps comments and formatting, only the files that need it.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from .rule import Finding, Rule, node_span
+
+#: What a name bound by the file itself resolves to: nothing of a library's.
+LOCAL = "<local>"
+
+_SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
+
+@dataclass
+class TextFile:
+    """A non-Python file a rule reads line by line (requirements, YAML configs, CUDA sources)."""
+
+    path: str
+    text: str
+
+    @property
+    def lines(self) -> List[str]:
+        return self.text.splitlines()
+
+    def finding(self, rule: Rule, line: int, message: Optional[str] = None, column: int = 1) -> Finding:
+        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        return Finding(
+            rule.code,
+            self.path,
+            line,
+            column,
+            line,
+            len(text) + 1,
+            message or rule.message,
+            rule.severity,
+            rule.fix,
+            rule.handled_by,
+            text.strip(),
+        )
+
+
+@dataclass
+class PythonFile:
+    """A parsed Python file: ``tree``, ``parents`` (node -> parent) and :meth:`resolve`."""
+
+    path: str
+    text: str
+    tree: ast.Module
+    parents: Dict[ast.AST, ast.AST] = field(default_factory=dict)
+    _bindings: Dict[ast.AST, Dict[str, str]] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, path: str, text: str) -> "PythonFile":
+        """Parse ``text`` (a SyntaxError propagates: the engine reports it as a finding)."""
+        source = cls(path, text, ast.parse(text, filename=path))
+        for node in ast.walk(source.tree):
+            for child in ast.iter_child_nodes(node):
+                source.parents[child] = node
+        source._bind()
+        return source
+
+    @property
+    def lines(self) -> List[str]:
+        return self.text.splitlines()
+
+    # ---- name resolution ----------------------------------------------------------------------------------------
+
+    def scope_of(self, node: ast.AST) -> ast.AST:
+        """The innermost function, lambda, class or module containing ``node``."""
+        parent = self.parents.get(node)
+        while parent is not None and not isinstance(parent, _SCOPES):
+            parent = self.parents.get(parent)
+        return parent if parent is not None else self.tree
+
+    def _bind(self) -> None:
+        for node in ast.walk(self.tree):
+            if isinstance(node, _SCOPES):
+                self._bindings.setdefault(node, {})
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                table = self._bindings.setdefault(self.scope_of(node), {})
+                for alias in node.names:
+                    if isinstance(node, ast.Import):
+                        if alias.asname:
+                            table[alias.asname] = alias.name
+                        else:
+                            top = alias.name.split(".")[0]
+                            table[top] = top
+                    elif alias.name != "*":
+                        module = ("." * node.level) + (node.module or "")
+                        table[alias.asname or alias.name] = LOCAL if node.level else f"{module}.{alias.name}"
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self._bindings.setdefault(self.scope_of(node), {})[node.name] = LOCAL
+                if not isinstance(node, ast.ClassDef):
+                    arguments = node.args
+                    table = self._bindings.setdefault(node, {})
+                    for argument in arguments.posonlyargs + arguments.args + arguments.kwonlyargs:
+                        table[argument.arg] = LOCAL
+                    for extra in (arguments.vararg, arguments.kwarg):
+                        if extra is not None:
+                            table[extra.arg] = LOCAL
+        # assignments last, so `autocast = torch.cuda.amp.autocast` resolves through the imports above
+        for node in ast.walk(self.tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+                if not names:
+                    continue
+                value = self.resolve(node.value) if isinstance(node.value, (ast.Name, ast.Attribute)) else None
+                table = self._bindings.setdefault(self.scope_of(node), {})
+                for name in names:
+                    table[name] = value or LOCAL
+
+    def binding(self, name: str, at: ast.AST) -> Optional[str]:
+        """What ``name`` means at ``at``: a qualified name, :data:`LOCAL`, or None (a builtin or undefined)."""
+        scope: Optional[ast.AST] = self.scope_of(at)
+        while scope is not None:
+            table = self._bindings.get(scope, {})
+            if name in table:
+                return table[name]
+            scope = self.scope_of(scope) if scope is not self.tree else None
+        return None
+
+    def resolve(self, node: ast.AST) -> Optional[str]:
+        """The qualified name of a ``Name`` / ``Attribute`` chain (``torch.cuda.synchronize``), or of a call's
+        function; None for anything the file defines itself or that is not a dotted name."""
+        if isinstance(node, ast.Call):
+            node = node.func
+        parts: List[str] = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return None
+        base = self.binding(node.id, node)
+        if base is None or base == LOCAL:
+            return None
+        return ".".join([base, *reversed(parts)])
+
+    # ---- what rules ask often ------------------------------------------------------------------------------------
+
+    def calls(self) -> Iterator[Tuple[ast.Call, Optional[str]]]:
+        """Every call, with its function's qualified name (None when unresolved)."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Call):
+                yield node, self.resolve(node)
+
+    def guard(self, node: ast.AST) -> str:
+        """How an import is guarded: ``"try"`` (inside a try with an except), ``"if"`` (under a condition),
+        ``"lazy"`` (inside a function), else ``"unguarded"``."""
+        parent = self.parents.get(node)
+        child = node
+        while parent is not None:
+            if isinstance(parent, ast.Try) and child in parent.body and parent.handlers:
+                return "try"
+            if isinstance(parent, ast.If):
+                return "if"
+            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                return "lazy"
+            child, parent = parent, self.parents.get(parent)
+        return "unguarded"
+
+    def at_import_time(self, node: ast.AST) -> bool:
+        """Whether ``node`` runs when the module is imported: at module or class level, or in a function's default
+        arguments or decorators (which are evaluated when the ``def`` runs)."""
+        child, parent = node, self.parents.get(node)
+        while parent is not None:
+            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                arguments = parent.args
+                in_defaults = any(child is d for d in arguments.defaults + [d for d in arguments.kw_defaults if d])
+                in_decorators = not isinstance(parent, ast.Lambda) and child in parent.decorator_list
+                if not (in_defaults or in_decorators):
+                    return False
+            if isinstance(parent, ast.If) and _is_main_guard(parent.test):
+                return False
+            child, parent = parent, self.parents.get(parent)
+        return True
+
+    def finding(self, rule: Rule, node: ast.AST, message: Optional[str] = None) -> Finding:
+        line, column, end_line, end_column = node_span(node)
+        lines = self.lines
+        snippet = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+        return Finding(
+            rule.code,
+            self.path,
+            line,
+            column,
+            end_line,
+            end_column,
+            message or rule.message,
+            rule.severity,
+            rule.fix,
+            rule.handled_by,
+            snippet,
+        )
+
+
+def _is_main_guard(test: ast.AST) -> bool:
+    """``if __name__ == "__main__":`` — what runs under it is not import-time work."""
+    return (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+        and len(test.comparators) == 1
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value == "__main__"
+    )

@@ -1,0 +1,270 @@
+"""Scanning a tree: which files, how each is read, which rules look at it, and what is suppressed.
+
+- Files: every ``*.py`` (and the files non-Python rules name: requirements, YAML configs, CUDA sources) under the
+  paths given, minus what ``.gitignore`` files ignore (read with pathspec, git's own pattern rules) and hidden or
+  build folders. Folders that hold someone else's code (``third_party``, ``vendor``, ``external``, ``site-packages``,
+  ...) are scanned but reported apart: their findings are not the project's to fix.
+- Reading: the encoding a Python file declares (PEP 263) or UTF-8, a byte-order mark dropped; a file that cannot be
+  decoded or parsed is a finding (NPU001), never a crash.
+- Rules: every Python file is parsed (Python's own parser: a file that does not parse is reported); names are
+  resolved, and rules run, only in files that contain one of some selected rule's ``triggers``.
+- Suppressions: ``# npu-port: ignore[NPU201]`` (or ``ignore[NPU201,NPU301]``; bare ``# npu-port: ignore`` for every
+  code) on the line a finding starts on.
+- Parallel over files (a process pool) on big trees, with a progress bar.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import io
+import os
+import re
+import tokenize
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Type
+
+from ..errors import NpuPortError
+from .context import PythonFile, TextFile
+from .rule import SEVERITIES, Finding, Rule, rules
+from .rules.npu001_unreadable import SyntaxRule
+
+#: Folder names whose contents are someone else's code: scanned, reported apart.
+VENDORED = ("third_party", "third-party", "thirdparty", "3rdparty", "vendor", "vendored", "_vendor", "external",
+            "externals", "extern", "site-packages")  # fmt: skip
+#: Folder names never entered (virtual envs, caches, build output, version control).
+SKIPPED = (".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".mypy_cache", ".ruff_cache",
+           ".pytest_cache", "node_modules", "build", "dist", ".eggs")  # fmt: skip
+#: Below this many files the scan runs in this process (a pool costs more than it saves).
+PARALLEL_FROM = 64
+
+_SUPPRESSION = re.compile(r"#\s*npu-port:\s*ignore(?:\[([A-Z0-9,\s]+)\])?", re.IGNORECASE)
+
+
+class ScanError(NpuPortError, ValueError):
+    """Bad input to the scan (a path that does not exist, an unknown rule code)."""
+
+
+@dataclass
+class FileResult:
+    path: str
+    vendored: bool
+    findings: List[Finding] = field(default_factory=list)
+    parsed: bool = False
+
+
+@dataclass
+class ScanResult:
+    """What a scan found: per-file results, and how many files were looked at."""
+
+    roots: List[str]
+    files: List[FileResult]
+    selected: List[str]
+
+    @property
+    def findings(self) -> List[Finding]:
+        return [f for result in self.files if not result.vendored for f in result.findings]
+
+    @property
+    def vendored_findings(self) -> List[Finding]:
+        return [f for result in self.files if result.vendored for f in result.findings]
+
+    def counts(self, vendored: bool = False) -> Dict[str, int]:
+        found = self.vendored_findings if vendored else self.findings
+        return {severity: sum(1 for f in found if f.severity == severity) for severity in SEVERITIES}
+
+
+# ---- choosing rules ------------------------------------------------------------------------------------------------
+
+
+def select_rules(select: Sequence[str] = (), ignore: Sequence[str] = ()) -> List[Type[Rule]]:
+    """The rules to run: those whose code starts with one of ``select`` (all when empty), minus those starting with
+    one of ``ignore`` — ruff's prefix convention (``NPU2`` is every NPU2xx). An unknown prefix is an error."""
+    every = rules()
+    codes = [r.code for r in every]
+    for prefix in [*select, *ignore]:
+        if not any(code.startswith(prefix) for code in codes):
+            raise ScanError(f"unknown rule code or prefix {prefix!r}; the codes are {', '.join(codes)}")
+    chosen = [r for r in every if not select or any(r.code.startswith(p) for p in select)]
+    return [r for r in chosen if not any(r.code.startswith(p) for p in ignore)]
+
+
+# ---- finding files -------------------------------------------------------------------------------------------------
+
+
+def _gitignore(folder: Path):
+    path = folder / ".gitignore"
+    if not path.is_file():
+        return None
+    import pathspec
+
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    return pathspec.PathSpec.from_lines("gitwildmatch", lines)
+
+
+def _wanted(name: str, patterns: Sequence[str]) -> bool:
+    return name.endswith(".py") or any(fnmatch.fnmatch(name, p) for p in patterns)
+
+
+def _ignored(specs: List[Tuple[Path, object]], path: Path, is_folder: bool) -> bool:
+    """Whether a .gitignore above ``path`` (inside the scanned root) ignores it."""
+    for base, spec in specs:
+        try:
+            relative = path.relative_to(base).as_posix()
+        except ValueError:
+            continue
+        if spec.match_file(relative + ("/" if is_folder else "")):  # type: ignore[attr-defined]
+            return True
+    return False
+
+
+def discover(paths: Sequence[str], patterns: Sequence[str] = ()) -> List[Tuple[str, bool]]:
+    """``(path, vendored)`` for every file to scan under ``paths`` (files given by name are always scanned)."""
+    found: List[Tuple[str, bool]] = []
+    for given in paths:
+        root = Path(given)
+        if not root.exists():
+            raise ScanError(f"no such file or folder: {given}")
+        if root.is_file():
+            found.append((str(root), False))
+            continue
+        specs: List[Tuple[Path, object]] = []
+        for folder, folders, files in os.walk(root):
+            here = Path(folder)
+            spec = _gitignore(here)
+            if spec is not None:
+                specs.append((here, spec))
+
+            folders[:] = sorted(
+                d for d in folders if d not in SKIPPED and not d.startswith(".") and not _ignored(specs, here / d, True)
+            )
+            parts = set(here.relative_to(root).parts)
+            vendored = bool(parts & set(VENDORED))
+            for name in sorted(files):
+                path = here / name
+                if _wanted(name, patterns) and not _ignored(specs, path, False):
+                    found.append((str(path), vendored))
+    return found
+
+
+# ---- one file ------------------------------------------------------------------------------------------------------
+
+
+def _decode(data: bytes, python: bool) -> str:
+    """The file's text: its declared encoding (PEP 263) for Python, else UTF-8; a BOM is dropped."""
+    if python:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        text = data.decode(encoding)
+    else:
+        text = data.decode("utf-8")
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def _suppressed(finding: Finding, lines: List[str]) -> bool:
+    if not 0 < finding.line <= len(lines):
+        return False
+    match = _SUPPRESSION.search(lines[finding.line - 1])
+    if match is None:
+        return False
+    codes = match.group(1)
+    return codes is None or finding.code in {c.strip().upper() for c in codes.split(",")}
+
+
+def scan_file(path: str, vendored: bool, selected: Sequence[Type[Rule]]) -> FileResult:
+    """Run the ``selected`` rules on one file."""
+    result = FileResult(path, vendored)
+    name = os.path.basename(path)
+    python = name.endswith(".py")
+    try:
+        data = Path(path).read_bytes()
+        text = _decode(data, python)
+    except (OSError, UnicodeDecodeError, SyntaxError, LookupError) as exc:
+        if SyntaxRule in selected:
+            result.findings.append(TextFile(path, "").finding(SyntaxRule(), 1, f"cannot be read ({exc}); not scanned"))
+        return result
+    interested = [r for r in selected if r is not SyntaxRule and any(t in text for t in r.triggers)]
+    unreadable = SyntaxRule in selected
+    if python:
+        try:  # every Python file is parsed (a file that does not parse is reported); rules only where triggered
+            if not interested:
+                ast.parse(text, filename=path)
+                return result
+            source = PythonFile.parse(path, text)
+        except (SyntaxError, ValueError, RecursionError) as exc:
+            line = getattr(exc, "lineno", None) or 1
+            message = f"cannot be parsed as Python ({getattr(exc, 'msg', None) or exc}); not scanned"
+            if unreadable:
+                result.findings.append(TextFile(path, text).finding(SyntaxRule(), line, message))
+            return result
+        result.parsed = True
+        for rule in interested:
+            result.findings.extend(rule().check(source))
+    else:
+        source_text = TextFile(path, text)
+        for rule in interested:
+            if any(fnmatch.fnmatch(name, p) for p in rule.file_patterns):
+                result.findings.extend(rule().check_text(source_text))
+    lines = text.splitlines()
+    result.findings = sorted(
+        {f for f in result.findings if not _suppressed(f, lines)}, key=lambda f: (f.line, f.column, f.code)
+    )
+    return result
+
+
+def _scan_many(batch: List[Tuple[str, bool]], codes: List[str]) -> List[FileResult]:
+    chosen = [r for r in rules() if r.code in codes]
+    return [scan_file(path, vendored, chosen) for path, vendored in batch]
+
+
+# ---- a tree --------------------------------------------------------------------------------------------------------
+
+
+def scan(
+    paths: Sequence[str],
+    *,
+    select: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    jobs: Optional[int] = None,
+    progress: bool = False,
+) -> ScanResult:
+    """Scan ``paths`` (files or folders) with the selected rules; see the module docstring."""
+    chosen = select_rules(select, ignore)
+    patterns = sorted({p for r in chosen for p in r.file_patterns})
+    files = discover(paths, patterns)
+    codes = [r.code for r in chosen]
+    workers = jobs if jobs is not None else (os.cpu_count() or 1)
+    results: List[FileResult] = []
+    bar = _progress(len(files)) if progress else None
+    try:
+        if workers <= 1 or len(files) < PARALLEL_FROM:
+            for path, vendored in files:
+                results.append(scan_file(path, vendored, chosen))
+                if bar is not None:
+                    bar.update(1)
+        else:
+            size = max(8, len(files) // (workers * 8))
+            batches = [files[i : i + size] for i in range(0, len(files), size)]
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                for batch_result in pool.map(_scan_many, batches, [codes] * len(batches)):
+                    results.extend(batch_result)
+                    if bar is not None:
+                        bar.update(len(batch_result))
+    finally:
+        if bar is not None:
+            bar.close()
+    return ScanResult([str(p) for p in paths], results, codes)
+
+
+def _progress(total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="file", desc="npu-port scan", disable=total < 200, leave=False)
+
+
+def iter_findings(result: ScanResult, vendored: bool = False) -> Iterable[Finding]:
+    return result.vendored_findings if vendored else result.findings

@@ -1,0 +1,145 @@
+"""What a scan rule is: a stable code, a one-line message, a severity, the devices it concerns, a fix kind, and a
+docstring with an example — one class per rule, one module per rule (``npu_port/scan/rules/``), registered by
+:func:`register_rule`, as ruff's rules are.
+
+Severities, most serious first:
+
+- ``import``: the module cannot even be imported without CUDA (an unguarded ``import flash_attn``);
+- ``runtime``: raises when the line is reached (``torch.cuda.set_device(0)`` on a machine without CUDA);
+- ``handled``: works under npu-port already — ``npu-port run``, a strategy or a drop-in deals with it, and the finding
+  says which (``handled_by``);
+- ``perf``: works, but slow or memory-hungry on the target (hand-written attention that builds the whole score matrix);
+- ``info``: worth knowing, changes nothing by itself.
+
+Fix kinds: ``safe`` (``npu-port fix --write`` applies it: same behaviour on CUDA, portable elsewhere), ``unsafe``
+(only with ``--unsafe-fixes``: it may change behaviour), ``manual`` (the finding says what to do).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Dict, Iterator, List, Optional, Tuple, Type
+
+if TYPE_CHECKING:  # imported for annotations only: the contexts import this module
+    from .context import PythonFile, TextFile
+
+SEVERITIES = ("import", "runtime", "handled", "perf", "info")
+FIX_KINDS = ("safe", "unsafe", "manual")
+#: The devices a rule can concern: an Ascend NPU, a CPU, a GPU where CUDA-only builds (xformers, flash-attn) fail.
+TARGETS = ("npu", "cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One place a rule matched. Lines and columns are 1-based (editors' and SARIF's convention)."""
+
+    code: str
+    path: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    message: str
+    severity: str
+    fix: str
+    handled_by: Optional[str] = None
+    snippet: str = ""
+
+    def to_dict(self) -> Dict[str, object]:
+        return {
+            "code": self.code,
+            "path": self.path,
+            "line": self.line,
+            "column": self.column,
+            "end_line": self.end_line,
+            "end_column": self.end_column,
+            "message": self.message,
+            "severity": self.severity,
+            "fix": self.fix,
+            "handled_by": self.handled_by,
+            "snippet": self.snippet,
+        }
+
+
+class Rule:
+    """Base class of scan rules. A subclass sets the class attributes and implements :meth:`check` (Python files) or
+    :meth:`check_text` (other files, chosen by ``file_patterns``); its docstring is the rule's documentation (what
+    it finds, why it matters, an example), shown by ``npu-port scan --rules`` and the README's rule table.
+
+    ``triggers``: substrings at least one of which a file must contain for the rule to look at it — the scan parses
+    only files some rule may match, which is what keeps a 5,000-file tree fast.
+    """
+
+    code: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+    message: ClassVar[str] = ""
+    severity: ClassVar[str] = "info"
+    targets: ClassVar[Tuple[str, ...]] = ("npu", "cpu")
+    fix: ClassVar[str] = "manual"
+    handled_by: ClassVar[Optional[str]] = None
+    triggers: ClassVar[Tuple[str, ...]] = ()
+    #: Globs (matched against the file name) of the non-Python files :meth:`check_text` reads; empty: Python only.
+    file_patterns: ClassVar[Tuple[str, ...]] = ()
+
+    def check(self, source: "PythonFile") -> Iterator[Finding]:
+        return iter(())
+
+    def check_text(self, source: "TextFile") -> Iterator[Finding]:
+        return iter(())
+
+    @classmethod
+    def summary(cls) -> str:
+        """The docstring's first paragraph, on one line."""
+        doc = (cls.__doc__ or "").strip().split("\n\n")[0]
+        return " ".join(doc.split())
+
+
+@dataclass
+class _Registry:
+    rules: Dict[str, Type[Rule]] = field(default_factory=dict)
+
+
+_REGISTRY = _Registry()
+
+
+def register_rule(cls: Type[Rule]) -> Type[Rule]:
+    """Class decorator: add ``cls`` to the registry under its ``code`` (checked: unique, well-formed)."""
+    problems = []
+    if not (cls.code.startswith("NPU") and cls.code[3:].isdigit() and len(cls.code) == 6):
+        problems.append(f"code {cls.code!r} is not NPU followed by three digits")
+    if cls.severity not in SEVERITIES:
+        problems.append(f"severity {cls.severity!r} is not one of {', '.join(SEVERITIES)}")
+    if cls.fix not in FIX_KINDS:
+        problems.append(f"fix {cls.fix!r} is not one of {', '.join(FIX_KINDS)}")
+    if not set(cls.targets) <= set(TARGETS) or not cls.targets:
+        problems.append(f"targets {cls.targets!r} must be some of {', '.join(TARGETS)}")
+    if not cls.name or not cls.message or not (cls.__doc__ or "").strip():
+        problems.append("a rule needs a name, a message and a docstring with an example")
+    if not cls.triggers:
+        problems.append("a rule needs triggers (substrings a file must contain for it to look)")
+    if cls.severity == "handled" and not cls.handled_by:
+        problems.append("a 'handled' rule says what handles it (handled_by)")
+    existing = _REGISTRY.rules.get(cls.code)
+    if existing is not None and existing is not cls:
+        problems.append(f"code {cls.code} is already taken by {existing.__name__}")
+    if problems:
+        raise ValueError(f"scan rule {cls.__name__}: " + "; ".join(problems))
+    _REGISTRY.rules[cls.code] = cls
+    return cls
+
+
+def rules() -> List[Type[Rule]]:
+    """Every registered rule, by code (importing the built-in rules package registers them)."""
+    from . import rules as _builtin  # noqa: F401
+
+    return [_REGISTRY.rules[code] for code in sorted(_REGISTRY.rules)]
+
+
+def node_span(node: ast.AST) -> Tuple[int, int, int, int]:
+    """``(line, column, end_line, end_column)``, 1-based, of an ast node."""
+    line = getattr(node, "lineno", 1)
+    column = getattr(node, "col_offset", 0) + 1
+    end_line = getattr(node, "end_lineno", None) or line
+    end_column = (getattr(node, "end_col_offset", None) or column - 1) + 1
+    return line, column, end_line, end_column
