@@ -19,6 +19,7 @@ def add_parser(commands) -> None:
     )
     parser.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (default: .)")
     parser.add_argument("--rules", action="store_true", help="list every rule and exit")
+    parser.add_argument("--markdown", action="store_true", help="with --rules: the Markdown table (README's)")
     parser.add_argument("--format", choices=("text", "json", "csv", "sarif"), default="text")
     parser.add_argument("--output", "-o", metavar="FILE", help="write the report here (atomically) instead of stdout")
     parser.add_argument("--select", default="", help="comma list of codes or prefixes to run (default: all)")
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from ..scan.rule import SEVERITIES
 
     if args.rules:
-        sys.stdout.write(report.rules_table())
+        sys.stdout.write(report.rules_table(markdown=args.markdown))
         return 0
     if args.jobs is not None and args.jobs < 1:
         from ..scan.engine import ScanError

@@ -104,7 +104,7 @@ def _gitignore(folder: Path):
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return None
-    return pathspec.PathSpec.from_lines("gitwildmatch", lines)
+    return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
 def _wanted(name: str, patterns: Sequence[str]) -> bool:

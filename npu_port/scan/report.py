@@ -38,7 +38,7 @@ def summary_lines(result: ScanResult) -> List[str]:
     lines = [f"{scanned} files scanned ({parsed} looked at by rules: the others mention nothing a rule looks for)"]
     for severity in SEVERITIES:
         lines.append(f"  {counts[severity]:5d} {severity:8s} {HEADLINES[severity]}")
-    lines.append(f"  {fixable:5d} safe to fix with `npu-port fix --write`; {manual:5d} need a manual change")
+    lines.append(f"  {fixable:5d} with a safe fix (no change on CUDA); {manual:5d} need a manual change")
     vendored = result.vendored_findings
     if vendored:
         folders = sorted({f.path for f in vendored})

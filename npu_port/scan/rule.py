@@ -11,8 +11,9 @@ Severities, most serious first:
 - ``perf``: works, but slow or memory-hungry on the target (hand-written attention that builds the whole score matrix);
 - ``info``: worth knowing, changes nothing by itself.
 
-Fix kinds: ``safe`` (``npu-port fix --write`` applies it: same behaviour on CUDA, portable elsewhere), ``unsafe``
-(only with ``--unsafe-fixes``: it may change behaviour), ``manual`` (the finding says what to do).
+Fix kinds: ``safe`` (a rewrite that keeps the behaviour on CUDA and is portable elsewhere), ``unsafe`` (a rewrite
+that may change behaviour), ``manual`` (the finding says what to do). ``npu-port fix`` (to come) applies the first
+kind, and the second only when asked.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from ..rule import Finding, Rule, register_rule
 class CudaMethod(Rule):
     """``x.cuda()`` moves a tensor or a module to a CUDA device and raises where there is none.
 
-    ``npu-port run`` redirects it to the target device; ``npu-port fix`` rewrites it to ``.to(npu_port.get_device())``
-    (the device npu-port detects: NPU, CUDA, XPU, MPS or CPU), adding ``import npu_port`` once.
+    ``npu-port run`` redirects it to the target device. The safe fix is ``.to(npu_port.get_device())`` (the device
+    npu-port detects: NPU, CUDA, XPU, MPS or CPU), with ``import npu_port`` added once.
 
     Example::
 

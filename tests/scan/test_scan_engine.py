@@ -1,0 +1,198 @@
+"""The scan engine and its reports: which files, how they are read, suppressions, selection, formats, exit status."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from npu_port.cli.main import main
+from npu_port.scan import report
+from npu_port.scan.engine import ScanError, scan, select_rules
+from npu_port.scan.rule import SEVERITIES, rules
+
+CUDA_LINE = "import torch\nx = torch.zeros(1).cuda()\n"
+
+
+def _tree(tmp_path, files):
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    return tmp_path
+
+
+def test_findings_carry_position_severity_fix_and_snippet(tmp_path):
+    _tree(tmp_path, {"a.py": CUDA_LINE})
+    (finding,) = scan([str(tmp_path)]).findings
+    assert (finding.code, finding.line, finding.column, finding.end_line) == ("NPU301", 2, 5, 2)
+    assert (finding.severity, finding.fix, finding.snippet) == ("handled", "safe", "x = torch.zeros(1).cuda()")
+    assert finding.handled_by == "npu-port run (the CUDA redirect)"
+
+
+def test_gitignore_hidden_and_build_folders_are_skipped_and_vendored_code_is_reported_apart(tmp_path):
+    _tree(
+        tmp_path,
+        {
+            ".gitignore": "generated/\n*_tmp.py\n",
+            "src/model.py": CUDA_LINE,
+            "src/scratch_tmp.py": CUDA_LINE,
+            "generated/out.py": CUDA_LINE,
+            ".hidden/x.py": CUDA_LINE,
+            "build/lib/x.py": CUDA_LINE,
+            "third_party/lib/ext.py": CUDA_LINE,
+        },
+    )
+    result = scan([str(tmp_path)])
+    assert sorted(os.path.relpath(f.path, tmp_path) for f in result.findings) == [os.path.join("src", "model.py")]
+    assert [os.path.relpath(f.path, tmp_path) for f in result.vendored_findings] == [
+        os.path.join("third_party", "lib", "ext.py")
+    ]
+    assert "1 more in vendored code" in "\n".join(report.summary_lines(result)).replace("    ", " ").replace("  ", " ")
+
+
+def test_encodings_a_bom_and_a_declared_latin1_file_are_read(tmp_path):
+    _tree(
+        tmp_path,
+        {
+            "bom.py": b"\xef\xbb\xbf" + CUDA_LINE.encode(),
+            "latin.py": "# -*- coding: latin-1 -*-\n# caf\xe9\nimport torch\nx = torch.zeros(1).cuda()\n".encode(
+                "latin-1"
+            ),
+        },
+    )
+    found = sorted((os.path.basename(f.path), f.line) for f in scan([str(tmp_path)]).findings)
+    assert found == [("bom.py", 2), ("latin.py", 4)]
+
+
+def test_a_file_that_does_not_parse_or_decode_is_a_finding_not_a_crash(tmp_path):
+    _tree(tmp_path, {"py2.py": 'print "x"\n', "bad.py": b"x = '\xff\xfe'\n", "ok.py": CUDA_LINE})
+    found = {os.path.basename(f.path): f for f in scan([str(tmp_path)]).findings}
+    assert found["py2.py"].code == "NPU001" and "cannot be parsed as Python" in found["py2.py"].message
+    assert found["bad.py"].code == "NPU001" and "cannot be read" in found["bad.py"].message
+    assert found["ok.py"].code == "NPU301"
+
+
+def test_suppressions_name_codes_or_everything(tmp_path):
+    _tree(
+        tmp_path,
+        {
+            "a.py": "import torch\n"
+            "a = torch.zeros(1).cuda()  # npu-port: ignore[NPU301]\n"
+            "b = torch.zeros(1).cuda()  # npu-port: ignore[NPU999]\n"
+            "c = torch.zeros(1).cuda()  # npu-port: ignore\n"
+        },
+    )
+    assert [f.line for f in scan([str(tmp_path)]).findings] == [3]
+
+
+def test_select_and_ignore_take_prefixes_and_refuse_unknown_ones():
+    codes = [r.code for r in rules()]
+    assert [r.code for r in select_rules(["NPU3"])] == [c for c in codes if c.startswith("NPU3")]
+    assert "NPU301" not in [r.code for r in select_rules((), ["NPU301"])]
+    with pytest.raises(ScanError, match=r"^unknown rule code or prefix 'NPU9'; the codes are NPU001, "):
+        select_rules(["NPU9"])
+
+
+def test_a_missing_path_is_a_clear_error(tmp_path):
+    with pytest.raises(ScanError, match="^no such file or folder: "):
+        scan([str(tmp_path / "nope")])
+
+
+def test_parallel_and_serial_scans_find_the_same(tmp_path):
+    files = {f"pkg{i // 20}/m{i}.py": CUDA_LINE * (1 + i % 3) for i in range(80)}
+    _tree(tmp_path, files)
+    serial = scan([str(tmp_path)], jobs=1).findings
+    parallel = scan([str(tmp_path)], jobs=2).findings
+    assert sorted(serial, key=str) == sorted(parallel, key=str)
+    assert len(serial) == sum(1 + i % 3 for i in range(80))
+
+
+def test_csv_has_ascends_columns_then_ours(tmp_path):
+    _tree(tmp_path, {"a.py": CUDA_LINE})
+    rows = list(csv.reader(io.StringIO(report.csv_report(scan([str(tmp_path)])))))
+    assert rows[0] == ["File", "Start Line", "End Line", "OP", "Tips", "Code", "Severity", "Fix", "Vendored"]
+    assert rows[1][1:] == ["2", "2", "x = torch.zeros(1).cuda()", "`.cuda()` needs a CUDA device", "NPU301"] + [
+        "handled",
+        "safe",
+        "False",
+    ]
+
+
+def test_sarif_is_2_1_0_with_every_rule_and_located_results(tmp_path):
+    _tree(tmp_path, {"a.py": CUDA_LINE})
+    sarif = json.loads(report.sarif_report(scan([str(tmp_path)])))
+    assert sarif["version"] == "2.1.0" and sarif["$schema"].endswith("sarif-2.1.0.json")
+    run = sarif["runs"][0]
+    ids = [r["id"] for r in run["tool"]["driver"]["rules"]]
+    assert ids == [r.code for r in rules()]
+    (result,) = run["results"]
+    assert ids[result["ruleIndex"]] == result["ruleId"] == "NPU301"
+    assert result["level"] in ("error", "warning", "note")
+    region = result["locations"][0]["physicalLocation"]["region"]
+    assert region["startLine"] == 2 and region["startColumn"] >= 1 and region["endColumn"] >= region["startColumn"]
+
+
+def test_json_counts_every_severity(tmp_path):
+    _tree(tmp_path, {"a.py": CUDA_LINE})
+    payload = json.loads(report.json_report(scan([str(tmp_path)])))
+    assert list(payload["counts"]) == list(SEVERITIES) and payload["counts"]["handled"] == 1
+    assert payload["findings"][0]["code"] == "NPU301" and payload["files_scanned"] == 1
+
+
+def test_cli_fail_on_sets_the_exit_status(tmp_path, capsys):
+    _tree(tmp_path, {"a.py": CUDA_LINE})
+    assert main(["scan", str(tmp_path), "--fail-on", "handled"]) == 1
+    assert main(["scan", str(tmp_path), "--fail-on", "runtime"]) == 0  # handled is less serious than runtime
+    assert main(["scan", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "NPU301 handled: `.cuda()` needs a CUDA device" in out and "1 handled" in " ".join(out.split())
+
+
+def test_cli_writes_the_report_atomically_and_lists_rules(tmp_path, capsys):
+    _tree(tmp_path, {"a.py": CUDA_LINE})
+    target = tmp_path / "out" / "scan.sarif"
+    target.parent.mkdir()
+    assert main(["scan", str(tmp_path / "a.py"), "--format", "sarif", "-o", str(target)]) == 0
+    assert json.loads(target.read_text())["version"] == "2.1.0"
+    assert main(["scan", "--rules"]) == 0
+    listed = capsys.readouterr().out
+    assert all(r.code in listed for r in rules())
+
+
+def test_cli_bad_select_exits_2_with_one_line(tmp_path, capsys):
+    assert main(["scan", str(tmp_path), "--select", "XYZ"]) == 2
+    assert capsys.readouterr().err.startswith("npu-port: unknown rule code or prefix 'XYZ'")
+
+
+@pytest.mark.e2e
+def test_scan_needs_no_working_torch(tmp_path):
+    """A scan only reads code: it works where ``import torch`` is broken (torch_npu without CANN)."""
+    _tree(tmp_path, {"a.py": CUDA_LINE, "torch/__init__.py": "raise ImportError('libhccl.so: cannot open')\n"})
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "npu_port", "scan", str(tmp_path / "a.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "NPU301" in done.stdout
+
+
+def test_the_readmes_rule_table_is_the_registrys():
+    """README.md's table between the scan-rules markers is ``npu-port scan --rules --markdown``, generated."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    start, end = "<!-- scan-rules:start -->\n", "<!-- scan-rules:end -->"
+    assert start in readme and end in readme
+    table = readme.split(start, 1)[1].split(end, 1)[0]
+    assert table == report.rules_table(markdown=True), "regenerate: npu-port scan --rules --markdown"
