@@ -29,6 +29,7 @@ EXTRAS: Dict[str, List[str]] = {
     "diffusers": ["diffusers>=0.27", "transformers"],
     "demo": ["gradio>=5"],
     "bench": ["matplotlib>=3.5"],
+    "fix": ["libcst>=1.1"],
 }
 
 

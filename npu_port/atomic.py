@@ -31,12 +31,13 @@ os.umask(_UMASK)
 
 
 @contextlib.contextmanager
-def atomic_path(path: PathLike, *, mode: int = 0o666) -> Iterator[Path]:
+def atomic_path(path: PathLike, *, mode: int = 0o666, exact_mode: bool = False) -> Iterator[Path]:
     """Yield a unique temporary path beside ``path``; when the block ends without error it replaces ``path``.
 
     For writers that want a file name (``PIL.Image.save``, ``matplotlib``'s ``savefig``): the temporary name keeps
     ``path``'s suffix so format detection by extension still works. The parent folder is created if missing. The file
-    gets ``mode`` less the umask, as ``open()`` would give it (``mkstemp`` alone makes it private).
+    gets ``mode`` less the umask, as ``open()`` would give it (``mkstemp`` alone makes it private); with
+    ``exact_mode``, ``mode`` itself (a rewritten file keeps the permissions it had).
     """
     destination = Path(path)
     destination.parent.mkdir(parents=True, exist_ok=True)
@@ -48,7 +49,7 @@ def atomic_path(path: PathLike, *, mode: int = 0o666) -> Iterator[Path]:
         yield Path(temporary)
         with open(temporary, "rb+") as fh:  # the writer closed it; make its bytes durable before the rename
             os.fsync(fh.fileno())
-        os.chmod(temporary, mode & ~_UMASK)
+        os.chmod(temporary, mode if exact_mode else mode & ~_UMASK)
         os.replace(temporary, destination)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -29,6 +29,7 @@ COMMANDS = {
     "infer": "infer_cmd",
     "run": "run_cmd",
     "scan": "scan_cmd",
+    "fix": "fix_cmd",
 }
 
 

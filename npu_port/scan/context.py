@@ -190,9 +190,13 @@ class PythonFile:
             child, parent = parent, self.parents.get(parent)
         return True
 
-    def finding(self, rule: Rule, node: ast.AST, message: Optional[str] = None) -> Finding:
+    def finding(self, rule: Rule, node: ast.AST, message: Optional[str] = None, fix: Optional[str] = None) -> Finding:
+        """A finding of ``rule`` at ``node`` (columns in characters, as editors and libcst count them: ast counts
+        UTF-8 bytes); ``message`` and ``fix`` default to the rule's."""
         line, column, end_line, end_column = node_span(node)
         lines = self.lines
+        column = _characters(lines, line, column)
+        end_column = _characters(lines, end_line, end_column)
         snippet = lines[line - 1].strip() if 0 < line <= len(lines) else ""
         return Finding(
             rule.code,
@@ -203,10 +207,17 @@ class PythonFile:
             end_column,
             message or rule.message,
             rule.severity,
-            rule.fix,
+            fix or rule.fix,
             rule.handled_by,
             snippet,
         )
+
+
+def _characters(lines: List[str], line: int, column: int) -> int:
+    """A 1-based column counted in UTF-8 bytes (ast's) as a 1-based column in characters."""
+    if not 0 < line <= len(lines):
+        return column
+    return len(lines[line - 1].encode("utf-8")[: column - 1].decode("utf-8", errors="ignore")) + 1
 
 
 def _is_main_guard(test: ast.AST) -> bool:

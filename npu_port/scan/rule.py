@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Dict, Iterator, List, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, Iterator, List, Optional, Tuple, Type
 
 if TYPE_CHECKING:  # imported for annotations only: the contexts import this module
     from .context import PythonFile, TextFile
@@ -88,6 +88,14 @@ class Rule:
 
     def check_text(self, source: "TextFile") -> Iterator[Finding]:
         return iter(())
+
+    #: Modules the rewrite needs imported (added once, after the file's own imports).
+    fix_imports: ClassVar[Tuple[str, ...]] = ()
+
+    def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
+        """The libcst node to put in place of ``node`` (found exactly where ``finding`` is), or None to leave it.
+        Rules with a ``safe`` or ``unsafe`` fix implement it; see :mod:`npu_port.scan.fix`."""
+        return None
 
     @classmethod
     def summary(cls) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from typing import Iterator
+from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
@@ -18,8 +18,9 @@ class CudaMethod(Rule):
 
     Example::
 
-        model = Net().cuda()          # NPU301
-        batch = batch.cuda(non_blocking=True)  # NPU301
+        model = Net().cuda()                   # NPU301, fixed to Net().to(npu_port.get_device())
+        batch = batch.cuda(non_blocking=True)  # NPU301, fixed keeping non_blocking
+        x = x.cuda(local_rank)                 # NPU301, a manual fix: which device is the project's choice
     """
 
     code = "NPU301"
@@ -30,6 +31,7 @@ class CudaMethod(Rule):
     fix = "safe"
     handled_by = "npu-port run (the CUDA redirect)"
     triggers = (".cuda(",)
+    fix_imports = ("npu_port",)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for node in ast.walk(source.tree):
@@ -39,4 +41,24 @@ class CudaMethod(Rule):
                 and node.func.attr == "cuda"
                 and source.resolve(node.func.value) not in ("torch", "torch.cuda")  # torch.cuda is the module
             ):
-                yield source.finding(self, node)
+                if node.args or any(k.arg in ("device", None) for k in node.keywords):  # a device index or **kw
+                    yield source.finding(
+                        self,
+                        node,
+                        "`.cuda(device)` needs a CUDA device; move to the device the project picks for this rank "
+                        "(e.g. `.to(npu_port.get_device(f'npu:{index}'))`)",
+                        fix="manual",
+                    )
+                else:
+                    yield source.finding(self, node)
+
+    def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
+        """``x.cuda(non_blocking=...)`` -> ``x.to(npu_port.get_device(), non_blocking=...)``."""
+        import libcst as cst
+
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "cuda"):
+            return None
+        device = cst.Arg(cst.parse_expression("npu_port.get_device()"))
+        if node.args:
+            device = device.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return node.with_changes(func=node.func.with_changes(attr=cst.Name("to")), args=[device, *node.args])

@@ -1,0 +1,54 @@
+"""``npu-port fix PATH...``: the scan's safe fixes as a unified diff (a dry run), or applied with ``--write``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+NEEDS_TORCH = False  # rewriting code needs no torch
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "fix",
+        help="apply the scan's safe fixes (a unified diff by default; --write to change the files)",
+        description="Rewrite what `npu-port scan` finds and knows how to fix, keeping comments and formatting. By "
+        "default nothing is written: the unified diff goes to stdout. --write replaces each file atomically, keeping "
+        "its permissions; a second run changes nothing. Findings without an automatic fix are listed with what to do.",
+    )
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (default: .)")
+    parser.add_argument("--write", action="store_true", help="change the files (default: print the diff only)")
+    parser.add_argument("--unsafe-fixes", action="store_true", help="also apply fixes that may change behaviour")
+    parser.add_argument("--select", default="", help="comma list of codes or prefixes to fix (default: all)")
+    parser.add_argument("--ignore", default="", help="comma list of codes or prefixes not to fix")
+
+
+def _codes(value: str):
+    return [part.strip().upper() for part in value.split(",") if part.strip()]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..scan.fix import fix
+
+    fixes = fix(
+        args.paths or ["."],
+        select=_codes(args.select),
+        ignore=_codes(args.ignore),
+        unsafe=args.unsafe_fixes,
+        write=args.write,
+    )
+    changed = [f for f in fixes if f.new is not None]
+    if not args.write:
+        for one in changed:
+            sys.stdout.write(one.diff())
+    count = sum(len(f.fixed) for f in changed)
+    verb = "fixed" if args.write else "would fix"
+    lines = [f"npu-port fix: {verb} {count} findings in {len(changed)} files"]
+    manual = [finding for one in fixes for finding in one.left if finding.fix == "manual"]
+    if manual:
+        lines.append(f"{len(manual)} need a manual change:")
+        lines += [f"  {m.path}:{m.line}:{m.column} {m.code} {m.message}" for m in manual]
+    if not args.write and changed:
+        lines.append("dry run: nothing written (--write applies the fixes)")
+    sys.stderr.write("\n".join(lines) + "\n")
+    return 0

@@ -1,0 +1,164 @@
+"""``npu-port fix``: apply the rewrites rules declare, where the scan found them, keeping comments and formatting.
+
+One engine for scanning and fixing: the scan (our resolver) decides *where*; a rule with a fix implements
+:meth:`Rule.rewrite` for the libcst node found at exactly that place (start and end), and lists the imports the
+rewrite needs (``fix_imports``), which libcst's ``AddImportsVisitor`` adds once, after the file's own imports. A
+rewrite returning None leaves that place as it is (the finding stays, its fix kind ``manual``).
+
+The result is checked before anything is written: it must parse, and scanning it again must find no safe fix left
+undone — so a second run changes nothing. ``--write`` replaces each file atomically (a temporary file in the same
+folder, renamed over it, with the file's permissions), one file at a time: Ctrl-C leaves every file either as it was
+or fully fixed. By default nothing is written: the unified diff is the output (a dry run).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Type
+
+from .engine import ScanError, scan, scan_file, select_rules
+from .rule import Finding, Rule
+
+Span = Tuple[int, int, int, int]
+
+
+@dataclass
+class FileFix:
+    """What fixing one file gives: the new text (None when nothing changed), the findings fixed and those left."""
+
+    path: str
+    old: str
+    new: Optional[str]
+    fixed: List[Finding] = field(default_factory=list)
+    left: List[Finding] = field(default_factory=list)
+
+    def diff(self) -> str:
+        if self.new is None:
+            return ""
+        return "".join(
+            difflib.unified_diff(
+                self.old.splitlines(keepends=True),
+                self.new.splitlines(keepends=True),
+                fromfile=f"a/{_shown(self.path)}",
+                tofile=f"b/{_shown(self.path)}",
+            )
+        )
+
+
+def _shown(path: str) -> str:
+    """``path`` relative to the working folder when it is under it (as git shows paths in a diff)."""
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith("..") else path.lstrip("/")
+
+
+def fixable(finding: Finding, unsafe: bool) -> bool:
+    return finding.fix == "safe" or (unsafe and finding.fix == "unsafe")
+
+
+def _rewrite(text: str, wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]]) -> Tuple[str, List[Finding]]:
+    """Apply the rewrites at ``wanted`` spans; returns the new text and the findings rewritten."""
+    try:
+        import libcst as cst
+    except ImportError as exc:
+        from .._optional import extra_hint
+
+        raise ScanError(
+            f"npu-port fix rewrites with libcst, which cannot be imported ({exc}): {extra_hint('fix')}"
+        ) from None
+    from libcst.codemod import CodemodContext
+    from libcst.codemod.visitors import AddImportsVisitor
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    wrapper = MetadataWrapper(cst.parse_module(text))
+    positions = wrapper.resolve(PositionProvider)
+    done: List[Finding] = []
+    imports: List[str] = []
+
+    class Rewriter(cst.CSTTransformer):
+        def on_leave(self, original, updated):  # type: ignore[override]
+            where = positions.get(original)
+            if where is None:
+                return updated
+            span = (where.start.line, where.start.column + 1, where.end.line, where.end.column + 1)
+            for rule, finding in wanted.get(span, []):
+                if finding in done:
+                    continue
+                replaced = rule().rewrite(updated, finding)
+                if replaced is not None:
+                    done.append(finding)
+                    imports.extend(rule.fix_imports)
+                    updated = replaced
+            return updated
+
+    module = wrapper.module.visit(Rewriter())
+    if imports:
+        context = CodemodContext()
+        for name in dict.fromkeys(imports):
+            AddImportsVisitor.add_needed_import(context, name)
+        module = AddImportsVisitor(context).transform_module(module)
+    return module.code, done
+
+
+def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False) -> FileFix:
+    """Fix one file in memory (nothing is written)."""
+    found = scan_file(path, False, selected).findings
+    text = Path(path).read_bytes().decode("utf-8")  # the scan has read it; a non-UTF-8 file is left alone below
+    by_code = {r.code: r for r in selected}
+    wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]] = {}
+    for finding in found:
+        rule = by_code.get(finding.code)
+        if rule is not None and fixable(finding, unsafe) and rule.rewrite is not Rule.rewrite:
+            span = (finding.line, finding.column, finding.end_line, finding.end_column)
+            wanted.setdefault(span, []).append((rule, finding))
+    result = FileFix(path, text, None)
+    if not wanted:
+        result.left = found
+        return result
+    new, done = _rewrite(text, wanted)
+    try:
+        ast.parse(new, filename=path)
+    except SyntaxError as exc:  # a rule's rewrite is wrong: never write it
+        raise ScanError(f"{path}: the fixes would not parse ({exc.msg}, line {exc.lineno}); nothing written") from None
+    result.new = new if new != text else None
+    result.fixed = done
+    result.left = [f for f in found if f not in done]
+    return result
+
+
+def fix(
+    paths: Sequence[str],
+    *,
+    select: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    unsafe: bool = False,
+    write: bool = False,
+) -> List[FileFix]:
+    """Fix every file under ``paths`` that has a fixable finding; with ``write``, replace the files atomically."""
+    chosen = select_rules(select, ignore)
+    result = scan(paths, select=[r.code for r in chosen], jobs=1)
+    fixes: List[FileFix] = []
+    for path in sorted({f.path for f in result.findings}):
+        if not path.endswith(".py"):
+            continue
+        try:
+            Path(path).read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # a file in another encoding is reported, not rewritten
+        one = fix_file(path, chosen, unsafe)
+        fixes.append(one)
+        if write and one.new is not None:
+            _replace(path, one.new)
+    return fixes
+
+
+def _replace(path: str, text: str) -> None:
+    """Write ``text`` over ``path`` atomically, keeping its permission bits."""
+    from ..atomic import atomic_path
+
+    with atomic_path(path, mode=stat.S_IMODE(os.stat(path).st_mode), exact_mode=True) as temporary:
+        temporary.write_bytes(text.encode("utf-8"))

@@ -1,0 +1,106 @@
+"""``npu-port fix``: a dry run by default, atomic writes keeping permissions, comments and formatting kept, output that
+parses, idempotent, and leaving no safe fix undone."""
+
+from __future__ import annotations
+
+import ast
+import os
+import stat
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npu_port.cli.main import main
+from npu_port.scan.engine import scan
+from npu_port.scan.fix import fix
+
+SOURCE = """import torch
+import os  # a comment that stays
+
+model = torch.nn.Linear(2, 2).cuda()   # trailing comment
+x = torch.zeros(2).cuda(non_blocking=True)
+y = x.cuda(0)
+s = "café"; z = x.cuda()
+"""
+
+FIXED = """import torch
+import os  # a comment that stays
+import npu_port
+
+model = torch.nn.Linear(2, 2).to(npu_port.get_device())   # trailing comment
+x = torch.zeros(2).to(npu_port.get_device(), non_blocking=True)
+y = x.cuda(0)
+s = "café"; z = x.to(npu_port.get_device())
+"""
+
+
+def test_the_default_is_a_dry_run_printing_the_diff(tmp_path, capsys):
+    path = tmp_path / "train.py"
+    path.write_text(SOURCE, encoding="utf-8")
+    assert main(["fix", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert path.read_text(encoding="utf-8") == SOURCE  # nothing written
+    assert "+model = torch.nn.Linear(2, 2).to(npu_port.get_device())   # trailing comment" in captured.out
+    assert "would fix 3 findings in 1 files" in captured.err
+    assert "NPU301 `.cuda(device)` needs a CUDA device" in captured.err and "dry run: nothing written" in captured.err
+
+
+def test_write_fixes_keeps_formatting_and_permissions_and_a_second_run_changes_nothing(tmp_path, capsys):
+    path = tmp_path / "train.py"
+    path.write_text(SOURCE, encoding="utf-8")
+    os.chmod(path, 0o750)
+    assert main(["fix", str(path), "--write"]) == 0
+    assert path.read_text(encoding="utf-8") == FIXED
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o750
+    assert [p.name for p in tmp_path.iterdir()] == ["train.py"]  # no temporary left behind
+    before = path.read_bytes()
+    assert main(["fix", str(path), "--write"]) == 0
+    assert path.read_bytes() == before
+    assert "fixed 0 findings in 0 files" in capsys.readouterr().err
+
+
+def test_an_existing_npu_port_import_is_not_added_twice(tmp_path):
+    path = tmp_path / "a.py"
+    path.write_text("import npu_port\nimport torch\nx = torch.ones(1).cuda()\n", encoding="utf-8")
+    (one,) = fix([str(path)])
+    assert one.new == "import npu_port\nimport torch\nx = torch.ones(1).to(npu_port.get_device())\n"
+
+
+def test_select_and_ignore_limit_what_is_fixed(tmp_path):
+    path = tmp_path / "a.py"
+    path.write_text("import torch\nx = torch.ones(1).cuda()\n", encoding="utf-8")
+    assert all(f.new is None for f in fix([str(path)], ignore=["NPU301"]))
+    assert fix([str(path)], select=["NPU301"])[0].new is not None
+
+
+# ---- a property: whatever the mix, the output parses, is a fixed point, and leaves no safe fix undone --------------
+
+STATEMENTS = [
+    "x = torch.zeros(2).cuda()",
+    "y = model.cuda()  # move it",
+    "z = batch['a'].cuda(non_blocking=True)",
+    "w = x.cuda(0)",
+    "v = [t.cuda() for t in (x, y)]",
+    "u = torch.cuda.is_available()",
+    "s = 'naïve'; t = x.cuda()",
+    "def f(a):\n    return a.cuda().float()",
+    "class M:\n    def g(self, b):\n        return (b + 1).cuda(\n            non_blocking=False,\n        )",
+    "# just a comment with .cuda() in it",
+    "q = f(x).cuda().cuda()",
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(STATEMENTS), min_size=1, max_size=8), st.booleans())
+def test_fix_output_parses_is_idempotent_and_leaves_no_safe_fix(tmp_path_factory, statements, import_npu_port):
+    folder = tmp_path_factory.mktemp("fix")
+    path = folder / "m.py"
+    head = "import npu_port\n" if import_npu_port else ""
+    path.write_text(head + "import torch\nmodel = x = y = batch = None\n" + "\n".join(statements) + "\n")
+    fix([str(path)], write=True)
+    once = path.read_text()
+    ast.parse(once)
+    assert once.count("import npu_port") <= 1
+    fix([str(path)], write=True)
+    assert path.read_text() == once
+    assert [f for f in scan([str(path)]).findings if f.fix == "safe"] == []
