@@ -111,7 +111,7 @@ class Activation:
         checks = data["device_checks"]
         if checks:
             lines.append(f"  device-type checks that see {data['device']} as cuda ({len(checks)}):")
-            lines += [f"    {c['module']}:{c['line']}: {c['code']}  (x{c['hits']})" for c in checks]
+            lines += [f"    {c['rule']} {c['module']}:{c['line']}: {c['code']}  (x{c['hits']})" for c in checks]
         for item in data["overrides"]:
             state = "applied" if item["applied"] else "NOT applied: the module was never imported"
             lines.append(f"  override {item['target']} -> {item['replacement']}: {state}")

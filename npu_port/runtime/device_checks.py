@@ -11,6 +11,10 @@ path the project never took on CUDA — although the drop-ins and the redirect w
   through :meth:`DeviceChecks.type`, which answers ``"cuda"`` for the target's type and the value itself otherwise;
 * ``<expr>.is_cuda`` reads -> :meth:`DeviceChecks.is_cuda`, True for a tensor on the target.
 
+Which expressions these are is defined once, by the scan rule NPU390
+(:mod:`npu_port.scan.rules.npu390_device_type_check`): ``npu-port scan`` reports exactly what ``npu-port run``
+rewrites, and the run's report lists the rewrites under that code.
+
 Nothing else in the file changes: the rest of its code, its line numbers (tracebacks point at the user's lines) and
 every other device string are left alone. Each rewrite is recorded — module, line, the source text — with how often
 it answered "cuda" for the target, and ``npu-port run`` shows the list in its summary and report.
@@ -28,36 +32,35 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..scan.rules.npu390_device_type_check import CUDA, DeviceTypeCheck, cuda_type_side, is_cuda_read
+
 #: The name the rewritten code calls; injected into each rewritten module's globals.
 HELPER = "__npu_port_device_checks__"
-CUDA = "cuda"
+#: The scan rule whose findings these rewrites handle (``npu-port run --report`` lists them under it).
+RULE = DeviceTypeCheck.code
 
 
 @dataclass
 class Rewrite:
-    """One rewritten expression: where it is, what it says, how often it answered "cuda" for the target."""
+    """One rewritten expression: where it is, what it says, how often it answered "cuda" for the target, and the scan
+    rule that finds it (NPU390)."""
 
     module: str
     filename: str
     line: int
     code: str
     hits: int = 0
+    rule: str = RULE
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"module": self.module, "file": self.filename, "line": self.line, "code": self.code, "hits": self.hits}
-
-
-def _mentions_cuda(node: ast.AST) -> bool:
-    """``"cuda"``, or a tuple / list / set literal holding it."""
-    if isinstance(node, ast.Constant):
-        return node.value == CUDA
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return any(isinstance(e, ast.Constant) and e.value == CUDA for e in node.elts)
-    return False
-
-
-def _is_type_read(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr == "type" and isinstance(node.ctx, ast.Load)
+        return {
+            "rule": self.rule,
+            "module": self.module,
+            "file": self.filename,
+            "line": self.line,
+            "code": self.code,
+            "hits": self.hits,
+        }
 
 
 class _Rewriter(ast.NodeTransformer):
@@ -81,18 +84,16 @@ class _Rewriter(ast.NodeTransformer):
 
     def visit_Compare(self, node: ast.Compare) -> ast.AST:
         self.generic_visit(node)
-        if len(node.ops) != 1 or not isinstance(node.ops[0], (ast.Eq, ast.NotEq, ast.In, ast.NotIn)):
-            return node
-        left, right = node.left, node.comparators[0]
-        if _is_type_read(left) and _mentions_cuda(right):
-            node.left = self._call("type", left, node)
-        elif isinstance(node.ops[0], (ast.Eq, ast.NotEq)) and _is_type_read(right) and _mentions_cuda(left):
-            node.comparators = [self._call("type", right, node)]
+        side = cuda_type_side(node)
+        if side == "left":
+            node.left = self._call("type", node.left, node)
+        elif side == "right":
+            node.comparators = [self._call("type", node.comparators[0], node)]
         return node
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         self.generic_visit(node)
-        if node.attr == "is_cuda" and isinstance(node.ctx, ast.Load):
+        if is_cuda_read(node):
             return self._call("is_cuda", node.value, node)
         return node
 

@@ -176,15 +176,23 @@ class PythonFile:
 
     def at_import_time(self, node: ast.AST) -> bool:
         """Whether ``node`` runs when the module is imported: at module or class level, or in a function's default
-        arguments or decorators (which are evaluated when the ``def`` runs)."""
+        arguments or decorators (evaluated when the ``def`` runs) — not under ``if __name__ == "__main__":``."""
         child, parent = node, self.parents.get(node)
         while parent is not None:
-            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                arguments = parent.args
-                in_defaults = any(child is d for d in arguments.defaults + [d for d in arguments.kw_defaults if d])
-                in_decorators = not isinstance(parent, ast.Lambda) and child in parent.decorator_list
-                if not (in_defaults or in_decorators):
+            if isinstance(parent, ast.arguments):  # a default is evaluated where the def is; anything else is not
+                defaults = parent.defaults + [d for d in parent.kw_defaults if d is not None]
+                if not any(child is d for d in defaults):
                     return False
+                function = self.parents.get(parent)
+                child, parent = function, self.parents.get(function) if function is not None else None
+                continue
+            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                child is d for d in parent.decorator_list
+            ):
+                child, parent = parent, self.parents.get(parent)
+                continue
+            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                return False
             if isinstance(parent, ast.If) and _is_main_guard(parent.test):
                 return False
             child, parent = parent, self.parents.get(parent)
