@@ -1,0 +1,44 @@
+"""NPU302: ``torch.cuda`` synchronise / cache / memory-statistics calls, which have ``npu_port.device`` helpers."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..context import PythonFile
+from ..rule import Finding, Rule, register_rule
+from ._device import HELPERS, call_text, classify, cuda_calls
+
+
+@register_rule
+class CudaSyncMemory(Rule):
+    """``torch.cuda.synchronize()``, ``empty_cache()``, ``memory_allocated()``, ``max_memory_allocated()``,
+    ``reset_peak_memory_stats()`` and ``mem_get_info()`` speak to CUDA only.
+
+    Without CUDA, ``synchronize``, ``reset_peak_memory_stats`` and ``mem_get_info`` raise; ``empty_cache`` and the
+    counters do nothing and answer 0 — on an NPU that means timings that do not wait for the device and memory
+    reports that are always empty. ``npu-port run``'s redirect answers them for the target; ``npu-port fix``
+    rewrites each to its ``npu_port.device`` helper (the same call on CUDA).
+
+    Example::
+
+        torch.cuda.synchronize()             # NPU302 -> npu_port.device.synchronize()
+        peak = torch.cuda.max_memory_allocated()  # NPU302 -> npu_port.device.max_memory_allocated()
+    """
+
+    code = "NPU302"
+    name = "cuda-sync-memory"
+    message = "`torch.cuda` synchronise/memory call: use its npu_port.device helper"
+    severity = "handled"
+    targets = ("npu", "cpu")
+    fix = "safe"
+    handled_by = "npu-port run (the CUDA redirect)"
+    triggers = ("cuda",)
+
+    def check(self, source: PythonFile) -> Iterator[Finding]:
+        for call, name in cuda_calls(source):
+            helper = HELPERS.get(name)
+            if helper is not None:
+                does = "raises" if classify(name) == "raises" else "does nothing for the NPU"
+                yield source.finding(
+                    self, call, f"{call_text(name)} {does} without CUDA: use `{helper}()` (npu-port run redirects it)"
+                )

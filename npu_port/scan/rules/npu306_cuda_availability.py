@@ -1,0 +1,49 @@
+"""NPU306: ``torch.cuda.is_available()`` / ``device_count()`` choose the device: False / 0 on an NPU."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..context import PythonFile
+from ..rule import Finding, Rule, register_rule
+from ._device import call_text, cuda_calls
+
+
+@register_rule
+class CudaAvailability(Rule):
+    """``torch.cuda.is_available()`` and ``torch.cuda.device_count()`` answer False and 0 on an NPU machine.
+
+    Nothing raises, but ``"cuda" if torch.cuda.is_available() else "cpu"`` quietly runs everything on the CPU, and
+    ``assert torch.cuda.is_available()`` stops the script. ``npu-port run`` keeps the answer honest; run it with
+    ``--cuda-available`` to answer True (the work still goes to the NPU), or choose the device with
+    ``npu_port.get_device()`` / count with ``npu_port.device.device_count()``.
+
+    Example::
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # NPU306: cpu on an NPU machine
+    """
+
+    code = "NPU306"
+    name = "cuda-availability"
+    message = "`torch.cuda.is_available()` is False on an NPU: this branch picks the CPU"
+    severity = "perf"
+    targets = ("npu",)
+    fix = "manual"
+    triggers = ("is_available", "device_count")
+
+    def check(self, source: PythonFile) -> Iterator[Finding]:
+        for call, name in cuda_calls(source):
+            if name == "is_available":
+                yield source.finding(
+                    self,
+                    call,
+                    f"{call_text(name)} is False on an NPU (the CPU branch runs): use npu_port.get_device(), or "
+                    "npu-port run --cuda-available",
+                )
+            elif name == "device_count":
+                yield source.finding(
+                    self,
+                    call,
+                    f"{call_text(name)} is 0 on an NPU: use npu_port.device.device_count(), or npu-port run "
+                    "--cuda-available",
+                )

@@ -1,0 +1,74 @@
+"""NPU311: ``backend="nccl"`` for ``torch.distributed``."""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterator, Optional
+
+from ..context import PythonFile
+from ..rule import Finding, Rule, register_rule
+from ._device import argument
+
+#: Process-group constructors -> the position of their backend argument (None: keyword only).
+GROUP_FUNCTIONS = {
+    "torch.distributed.init_process_group": 0,
+    "torch.distributed.distributed_c10d.init_process_group": 0,
+    "torch.distributed.new_group": 2,
+    "torch.distributed.distributed_c10d.new_group": 2,
+    "torch.distributed.new_subgroups": None,
+    "torch.distributed.new_subgroups_by_enumeration": None,
+}
+#: Launchers that pass their backend on to init_process_group.
+LAUNCHERS = {"deepspeed.init_distributed": "dist_backend", "deepspeed.comm.init_distributed": "dist_backend"}
+
+
+def _nccl(node: Optional[ast.AST]) -> bool:
+    """``"nccl"`` or a per-device backend string naming it (``"cpu:gloo,cuda:nccl"``)."""
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and "nccl" in node.value.lower()
+
+
+@register_rule
+class NcclBackend(Rule):
+    """``torch.distributed.init_process_group(backend="nccl")`` (also positional, ``new_group(backend="nccl")``,
+    ``deepspeed.init_distributed(dist_backend="nccl")``, an argparse ``--backend`` option defaulting to
+    ``"nccl"``).
+
+    NCCL exists only on NVIDIA GPUs: elsewhere the call raises. Ascend speaks ``hccl``, a CPU ``gloo``.
+    ``npu-port run`` maps ``nccl`` to the target's backend; ``npu-port fix`` writes
+    ``npu_port.distributed.default_backend()`` (``"nccl"`` on CUDA).
+
+    Example::
+
+        dist.init_process_group(backend="nccl", init_method="env://")  # NPU311
+    """
+
+    code = "NPU311"
+    name = "nccl-backend"
+    message = "the `nccl` backend exists only on NVIDIA GPUs"
+    severity = "handled"
+    targets = ("npu", "cpu")
+    fix = "safe"
+    handled_by = "npu-port run (the CUDA redirect maps nccl to hccl / gloo)"
+    triggers = ("nccl",)
+
+    def check(self, source: PythonFile) -> Iterator[Finding]:
+        for call, qualified in source.calls():
+            value = None
+            if qualified in GROUP_FUNCTIONS:
+                position = GROUP_FUNCTIONS[qualified]
+                value = argument(call, position, "backend") if position is not None else None
+                if position is None:
+                    value = next((k.value for k in call.keywords if k.arg == "backend"), None)
+            elif qualified in LAUNCHERS:
+                value = next((k.value for k in call.keywords if k.arg == LAUNCHERS[qualified]), None)
+            elif isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument":
+                options = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+                if any("backend" in option for option in options):
+                    value = next((k.value for k in call.keywords if k.arg == "default"), None)
+            if _nccl(value):
+                yield source.finding(
+                    self,
+                    value,
+                    "`nccl` exists only on NVIDIA GPUs: use `npu_port.distributed.default_backend()` (hccl on Ascend, "
+                    "gloo on CPU; npu-port run maps it)",
+                )
