@@ -16,7 +16,7 @@ from npu_port.scan import report
 from npu_port.scan.engine import ScanError, scan, select_rules
 from npu_port.scan.rule import SEVERITIES, rules
 
-CUDA_LINE = "import torch\nx = torch.zeros(1).cuda()\n"
+CUDA_LINE = "import torch\ndef f():\n    x = torch.zeros(1).cuda()\n"  # in a function: no import-time finding
 
 
 def _tree(tmp_path, files):
@@ -30,7 +30,7 @@ def _tree(tmp_path, files):
 def test_findings_carry_position_severity_fix_and_snippet(tmp_path):
     _tree(tmp_path, {"a.py": CUDA_LINE})
     (finding,) = scan([str(tmp_path)]).findings
-    assert (finding.code, finding.line, finding.column, finding.end_line) == ("NPU301", 2, 5, 2)
+    assert (finding.code, finding.line, finding.column, finding.end_line) == ("NPU301", 3, 9, 3)
     assert (finding.severity, finding.fix, finding.snippet) == ("handled", "safe", "x = torch.zeros(1).cuda()")
     assert finding.handled_by == "npu-port run (the CUDA redirect)"
 
@@ -61,13 +61,11 @@ def test_encodings_a_bom_and_a_declared_latin1_file_are_read(tmp_path):
         tmp_path,
         {
             "bom.py": b"\xef\xbb\xbf" + CUDA_LINE.encode(),
-            "latin.py": "# -*- coding: latin-1 -*-\n# caf\xe9\nimport torch\nx = torch.zeros(1).cuda()\n".encode(
-                "latin-1"
-            ),
+            "latin.py": ("# -*- coding: latin-1 -*-\n# caf\xe9\n" + CUDA_LINE).encode("latin-1"),
         },
     )
     found = sorted((os.path.basename(f.path), f.line) for f in scan([str(tmp_path)]).findings)
-    assert found == [("bom.py", 2), ("latin.py", 4)]
+    assert found == [("bom.py", 3), ("latin.py", 5)]
 
 
 def test_a_file_that_does_not_parse_or_decode_is_a_finding_not_a_crash(tmp_path):
@@ -83,12 +81,13 @@ def test_suppressions_name_codes_or_everything(tmp_path):
         tmp_path,
         {
             "a.py": "import torch\n"
-            "a = torch.zeros(1).cuda()  # npu-port: ignore[NPU301]\n"
-            "b = torch.zeros(1).cuda()  # npu-port: ignore[NPU999]\n"
-            "c = torch.zeros(1).cuda()  # npu-port: ignore\n"
+            "def f():\n"
+            "    a = torch.zeros(1).cuda()  # npu-port: ignore[NPU301]\n"
+            "    b = torch.zeros(1).cuda()  # npu-port: ignore[NPU999]\n"
+            "    c = torch.zeros(1).cuda()  # npu-port: ignore\n"
         },
     )
-    assert [f.line for f in scan([str(tmp_path)]).findings] == [3]
+    assert [f.line for f in scan([str(tmp_path)]).findings] == [4]
 
 
 def test_select_and_ignore_take_prefixes_and_refuse_unknown_ones():
@@ -110,14 +109,14 @@ def test_parallel_and_serial_scans_find_the_same(tmp_path):
     serial = scan([str(tmp_path)], jobs=1).findings
     parallel = scan([str(tmp_path)], jobs=2).findings
     assert sorted(serial, key=str) == sorted(parallel, key=str)
-    assert len(serial) == sum(1 + i % 3 for i in range(80))
+    assert len(serial) == sum(1 + i % 3 for i in range(80)) * 1  # one .cuda() per repetition
 
 
 def test_csv_has_ascends_columns_then_ours(tmp_path):
     _tree(tmp_path, {"a.py": CUDA_LINE})
     rows = list(csv.reader(io.StringIO(report.csv_report(scan([str(tmp_path)])))))
     assert rows[0] == ["File", "Start Line", "End Line", "OP", "Tips", "Code", "Severity", "Fix", "Vendored"]
-    assert rows[1][1:] == ["2", "2", "x = torch.zeros(1).cuda()", "`.cuda()` needs a CUDA device", "NPU301"] + [
+    assert rows[1][1:] == ["3", "3", "x = torch.zeros(1).cuda()", "`.cuda()` needs a CUDA device", "NPU301"] + [
         "handled",
         "safe",
         "False",
@@ -135,7 +134,7 @@ def test_sarif_is_2_1_0_with_every_rule_and_located_results(tmp_path):
     assert ids[result["ruleIndex"]] == result["ruleId"] == "NPU301"
     assert result["level"] in ("error", "warning", "note")
     region = result["locations"][0]["physicalLocation"]["region"]
-    assert region["startLine"] == 2 and region["startColumn"] >= 1 and region["endColumn"] >= region["startColumn"]
+    assert region["startLine"] == 3 and region["startColumn"] >= 1 and region["endColumn"] >= region["startColumn"]
 
 
 def test_json_counts_every_severity(tmp_path):
