@@ -1,0 +1,267 @@
+"""Shared helpers of the CUDA-only-imports family (NPU1xx): what an imported module is (served by a drop-in, by a
+fallback, CUDA-only, or nothing of ours to say), every import a file makes (``import``, ``from ... import``,
+``importlib.import_module("...")`` / ``__import__("...")`` with a constant name), and how it is guarded.
+
+What the drop-ins and fallbacks serve is read from npu-port itself (:data:`npu_port.dropins.install.DROP_INS`,
+:data:`npu_port.fallbacks.registry.BUILTIN_FALLBACKS`, and the names each drop-in module defines, read with ``ast``
+so that no torch is imported), so the scan and ``npu-port run`` cannot disagree.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple
+
+from ..context import PythonFile
+
+#: The mechanism each handled library is served by, as ``handled_by`` names it.
+DROPIN_HANDLER = {
+    "flash_attn": "the flash_attn drop-in (npu-port run)",
+    "xformers": "the xformers drop-in (npu-port run)",
+}
+FALLBACK_HANDLER = "npu-port run's compiled-extension fallback"
+
+#: Packages that cannot be imported, or do nothing useful, without CUDA: why, and what to do instead.
+CUDA_ONLY_PACKAGES: Dict[str, str] = {
+    "flash_attn_interface": "FlashAttention 3 (`flash_attn_interface`) is Hopper-only and has no npu-port drop-in: "
+    "import `flash_attn` (served by the drop-in) or call `npu_port.attention` instead",
+    "flash_attn_3": "FlashAttention 3 is Hopper-only and has no npu-port drop-in: import `flash_attn` (served by "
+    "the drop-in) or call `npu_port.attention` instead",
+    "flash_attn_2_cuda": "`flash_attn_2_cuda` is flash-attn's compiled CUDA extension: import `flash_attn` (served by "
+    "the drop-in) instead",
+    "apex": "NVIDIA apex is built with CUDA kernels: use torch's own (torch.nn.LayerNorm, torch.optim.AdamW(fused="
+    "...), torch.amp) or Ascend's apex port",
+    "amp_C": "`amp_C` is apex's compiled CUDA extension: use torch's fused optimizers or torch.amp instead",
+    "liger_kernel": "liger_kernel is Triton kernels for CUDA GPUs: keep the model's own modules (drop the liger "
+    "patching) on NPU and CPU",
+    "sageattention": "SageAttention is CUDA/Triton-only: call `npu_port.attention` (or SDPA) instead",
+    "sageattn": "SageAttention is CUDA/Triton-only: call `npu_port.attention` (or SDPA) instead",
+    "xfuser": "xDiT (xfuser) needs CUDA and NCCL: use diffusers' context-parallel plans with npu-port's strategies",
+    "yunchang": "yunchang (USP / ring attention) calls flash-attn kernels: use diffusers' context-parallel plans "
+    "with npu-port's strategies",
+    "bitsandbytes": "bitsandbytes' 8-bit / 4-bit kernels are CUDA (older releases fail at import without CUDA): "
+    "load the model unquantized, or quantize for the target another way",
+    "transformer_engine": "Transformer Engine is NVIDIA-only: use the model's torch layers and torch.amp",
+    "flashinfer": "FlashInfer is CUDA-only: call `npu_port.attention` (or SDPA) instead",
+    "mamba_ssm": "mamba_ssm's selective-scan kernels are CUDA/Triton-only: use a pure-PyTorch selective scan",
+    "causal_conv1d": "causal_conv1d is a CUDA kernel: use torch.nn.functional.conv1d with left padding",
+    "tinycudann": "tiny-cuda-nn is CUDA-only: use a pure-PyTorch hash encoding and MLP",
+    "nvdiffrast": "nvdiffrast is CUDA-only: use a PyTorch rasterizer that runs on the target",
+}
+
+#: Substrings a file importing a compiled extension contains (the rules' triggers: ``_C`` alone is in every constant).
+EXTENSION_TRIGGERS = ("_cuda", "import _C", "._C", "amp_C", "import _ext", "._ext")
+
+#: Top-level packages whose ``_C`` / ``*_cuda`` modules are not CUDA-only extensions.
+PORTABLE_TOPS = frozenset(
+    {
+        "torch",
+        "torchvision",
+        "torchaudio",
+        "torchtext",
+        "torch_npu",
+        "torch_scatter",
+        "torch_sparse",
+        "torch_cluster",
+        "triton",
+        "numpy",
+        "jax",
+        "tensorflow",
+        "npu_port",
+    }  # fmt: skip
+)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What an import is to us: ``handled`` (``by`` names the mechanism) or ``cuda-only`` (``why`` says why)."""
+
+    kind: str  # "handled" or "cuda-only"
+    library: str  # the name to show: the module (and name) imported
+    why: str = ""
+    by: str = ""
+
+
+@dataclass(frozen=True)
+class Import:
+    """One module (and, for ``from m import n``, the name) a file imports, at the node that imports it."""
+
+    node: ast.AST
+    module: str
+    name: Optional[str] = None
+
+
+# ---- what npu-port serves -------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def served_modules() -> Dict[str, Tuple[str, str]]:
+    """``{module: (drop-in name, module of the stand-in)}`` for every module a drop-in serves."""
+    from ...dropins.install import DROP_INS
+
+    return {module: (drop.name, impl) for drop in DROP_INS for module, impl in drop.modules.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def fallback_modules() -> FrozenSet[str]:
+    from ...fallbacks.registry import BUILTIN_FALLBACKS
+
+    return frozenset(BUILTIN_FALLBACKS)
+
+
+@functools.lru_cache(maxsize=None)
+def exported_names(impl: str) -> FrozenSet[str]:
+    """The names a drop-in module defines at top level (read with ``ast``: importing it would import torch)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(impl)
+    if spec is None or not spec.origin:
+        return frozenset()
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return frozenset(names)
+
+
+# ---- classifying -----------------------------------------------------------------------------------------------------
+
+
+def _looks_compiled(part: str) -> bool:
+    return part == "_C" or part.endswith("_C") and part[:-2].isidentifier() or part.endswith("_cuda") or part == "_ext"
+
+
+def classify(module: str, name: Optional[str] = None) -> Optional[Kind]:
+    """What importing ``module`` (or ``name`` from it) means without CUDA; None when it is nothing of ours."""
+    top = module.split(".")[0]
+    served = served_modules()
+    shown = f"{module}.{name}" if name else module
+    if module in served:
+        dropin, impl = served[module]
+        if name is None or f"{module}.{name}" in served or name in exported_names(impl):
+            return Kind("handled", shown, by=DROPIN_HANDLER.get(dropin, f"the {dropin} drop-in (npu-port run)"))
+        return Kind("cuda-only", shown, why=f"npu-port's {dropin} drop-in has no `{name}`: it raises ImportError "
+                    f"under npu-port run; use the drop-in's functions or `npu_port.attention`")  # fmt: skip
+    if top in {d for d, _ in served.values()}:
+        dropin = top
+        offered = ", ".join(sorted(m for m, (d, _) in served.items() if d == dropin))
+        return Kind("cuda-only", shown, why=f"`{module}` is CUDA-only and npu-port's {dropin} drop-in does not serve "
+                    f"it (it serves {offered}): replace what it is used for")  # fmt: skip
+    if top in fallback_modules():
+        return Kind("handled", shown, by=FALLBACK_HANDLER)
+    if top in CUDA_ONLY_PACKAGES:
+        return Kind("cuda-only", shown, why=CUDA_ONLY_PACKAGES[top])
+    if top in PORTABLE_TOPS:
+        return None
+    parts = module.split(".") + ([name] if name in ("_C", "_ext") else [])
+    if any(_looks_compiled(part) for part in parts):
+        return Kind("cuda-only", shown, why=f"`{shown}` looks like a compiled CUDA extension: port its kernels to "
+                    "PyTorch and register the port as a fallback (`npu_port.fallbacks.register_fallback`)")  # fmt: skip
+    return None
+
+
+# ---- finding the imports --------------------------------------------------------------------------------------------
+
+
+def _under_type_checking(source: PythonFile, node: ast.AST) -> bool:
+    parent = source.parents.get(node)
+    while parent is not None:
+        if isinstance(parent, ast.If):
+            test = parent.test
+            name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else ""
+            if name == "TYPE_CHECKING":
+                return True
+        parent = source.parents.get(parent)
+    return False
+
+
+def imports(source: PythonFile) -> Iterator[Import]:
+    """Every absolute import of the file (relative ones are the project's own), except under ``TYPE_CHECKING``."""
+    for node in ast.walk(source.tree):
+        if isinstance(node, ast.Import):
+            found: List[Import] = [Import(node, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level or not node.module:
+                continue
+            found = [Import(node, node.module, alias.name) for alias in node.names if alias.name != "*"]
+            found = found or [Import(node, node.module)]
+        elif isinstance(node, ast.Call) and _dynamic_import(source, node):
+            found = [Import(node, node.args[0].value)]  # type: ignore[attr-defined]
+        else:
+            continue
+        if found and not _under_type_checking(source, node):
+            yield from found
+
+
+def _dynamic_import(source: PythonFile, call: ast.Call) -> bool:
+    """``importlib.import_module("xformers")`` or ``__import__("xformers")`` with a constant, absolute name."""
+    if not (call.args and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)):
+        return False
+    if call.args[0].value.startswith(".") or not call.args[0].value:
+        return False
+    if isinstance(call.func, ast.Name) and call.func.id == "__import__":
+        return source.binding("__import__", call) is None
+    return source.resolve(call) == "importlib.import_module"
+
+
+def is_project_module(source: PythonFile, module: str, levels: int = 8) -> bool:
+    """Whether ``module`` is the project's own: ``a/b.py`` or ``a/b/__init__.py`` next to the file or in a folder
+    above it (a repository's own ``apex/`` or ``models/attn_cuda.py`` is not the CUDA package)."""
+    relative = Path(*module.split("."))
+    folder = Path(os.path.abspath(source.path)).parent
+    for _ in range(levels):
+        if (folder / relative.with_suffix(".py")).is_file() or (folder / relative / "__init__.py").is_file():
+            return True
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    return False
+
+
+def classified_imports(source: PythonFile) -> Iterator[Tuple[Import, Kind]]:
+    """Every import of the file that is handled or CUDA-only, each module once per import statement."""
+    for found in imports(source):
+        kind = classify(found.module, found.name)
+        if kind is None:
+            continue
+        if is_project_module(source, found.module.split(".")[0]):
+            continue
+        yield found, kind
+
+
+def where(source: PythonFile, node: ast.AST) -> str:
+    """``"at module level"`` or ``"inside `f`"`` (the innermost function)."""
+    parent = source.parents.get(node)
+    while parent is not None:
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return f"inside `{parent.name}`"
+        if isinstance(parent, ast.Lambda):
+            return "inside a lambda"
+        parent = source.parents.get(parent)
+    return "at module level"
+
+
+def import_findings(rule, source: PythonFile, accepts, message) -> Iterator:
+    """One finding of ``rule`` per import statement (or dynamic import call) with imports ``accepts(kind, guard)``
+    takes; ``message(kinds, guard, place)`` words it (``place``: "at module level" or "inside `f`")."""
+    grouped: Dict[ast.AST, List[Kind]] = {}
+    for found, kind in classified_imports(source):
+        if accepts(kind, source.guard(found.node)) and kind not in grouped.setdefault(found.node, []):
+            grouped[found.node].append(kind)
+    for node, kinds in grouped.items():
+        if kinds:
+            yield source.finding(rule, node, message(kinds, source.guard(node), where(source, node)))
+
+
+def names(kinds: List[Kind]) -> str:
+    return ", ".join(f"`{k.library}`" for k in kinds)

@@ -1,0 +1,49 @@
+"""NPU102: ``import xformers`` (or a module the xformers drop-in serves) that is not guarded."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..context import PythonFile
+from ..rule import Finding, Rule, register_rule
+from ._imports import DROPIN_HANDLER, import_findings, names
+
+
+@register_rule
+class XformersImport(Rule):
+    """An unguarded import of ``xformers``, ``xformers.ops``, ``xformers.ops.fmha`` or its ``attn_bias``.
+
+    xformers wheels are built against one torch and one CUDA: on an NPU, a CPU, or a GPU whose build does not match,
+    the import fails (or warns and leaves every op broken), and at module level the whole module fails with it.
+    Under ``npu-port run`` the xformers drop-in is served instead (``memory_efficient_attention`` and the attention
+    biases, through ``npu_port.attention``); ``npu-port fix`` wraps the import in ``try`` with the drop-in as the
+    fallback. xformers modules the drop-in does not serve are NPU104; guarded imports are NPU106.
+
+    Example::
+
+        import xformers.ops as xops                      # NPU102
+        from xformers.ops import memory_efficient_attention  # NPU102
+    """
+
+    code = "NPU102"
+    name = "xformers-import"
+    message = "unguarded xformers import: fails without a matching CUDA xformers build"
+    severity = "handled"
+    targets = ("npu", "cpu", "gpu")
+    fix = "safe"
+    handled_by = DROPIN_HANDLER["xformers"]
+    triggers = ("xformers",)
+
+    def check(self, source: PythonFile) -> Iterator[Finding]:
+        def message(kinds, guard, place):
+            return (
+                f"{names(kinds)} imported unguarded {place}: fails without a matching CUDA xformers build; served by "
+                "the drop-in under npu-port run, or guard it with the drop-in as fallback"
+            )
+
+        return import_findings(
+            self,
+            source,
+            lambda k, g: k.kind == "handled" and k.by == self.handled_by and g in ("unguarded", "lazy"),
+            message,
+        )
