@@ -88,42 +88,53 @@ class PythonFile:
         return parent if parent is not None else self.tree
 
     def _bind(self) -> None:
+        """Record what each name means in each scope, in the order the statements appear: a later import, ``def`` or
+        assignment wins, as it would when the module runs — except ``name = None`` after an import of ``name``
+        (``try: import flash_attn`` / ``except ImportError: flash_attn = None``), which keeps the import: where the
+        name is used, it is the library's when it is anything."""
+        events: List[ast.AST] = []
         for node in ast.walk(self.tree):
             if isinstance(node, _SCOPES):
                 self._bindings.setdefault(node, {})
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                table = self._bindings.setdefault(self.scope_of(node), {})
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                events.append(node)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                events.append(node)
+        events.sort(key=lambda n: (n.lineno, n.col_offset))
+        for node in events:
+            table = self._bindings.setdefault(self.scope_of(node), {})
+            if isinstance(node, ast.Import):
                 for alias in node.names:
-                    if isinstance(node, ast.Import):
-                        if alias.asname:
-                            table[alias.asname] = alias.name
-                        else:
-                            top = alias.name.split(".")[0]
-                            table[top] = top
-                    elif alias.name != "*":
-                        module = ("." * node.level) + (node.module or "")
+                    if alias.asname:
+                        table[alias.asname] = alias.name
+                    else:
+                        top = alias.name.split(".")[0]
+                        table[top] = top
+            elif isinstance(node, ast.ImportFrom):
+                module = ("." * node.level) + (node.module or "")
+                for alias in node.names:
+                    if alias.name != "*":
                         table[alias.asname or alias.name] = LOCAL if node.level else f"{module}.{alias.name}"
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                self._bindings.setdefault(self.scope_of(node), {})[node.name] = LOCAL
+                table[node.name] = LOCAL
                 if not isinstance(node, ast.ClassDef):
                     arguments = node.args
-                    table = self._bindings.setdefault(node, {})
+                    own = self._bindings.setdefault(node, {})
                     for argument in arguments.posonlyargs + arguments.args + arguments.kwonlyargs:
-                        table[argument.arg] = LOCAL
+                        own[argument.arg] = LOCAL
                     for extra in (arguments.vararg, arguments.kwarg):
                         if extra is not None:
-                            table[extra.arg] = LOCAL
-        # assignments last, so `autocast = torch.cuda.amp.autocast` resolves through the imports above
-        for node in ast.walk(self.tree):
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                            own[extra.arg] = LOCAL
+            else:  # an assignment
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                names = [t.id for t in targets if isinstance(t, ast.Name)]
-                if not names:
-                    continue
                 value = self.resolve(node.value) if isinstance(node.value, (ast.Name, ast.Attribute)) else None
-                table = self._bindings.setdefault(self.scope_of(node), {})
-                for name in names:
-                    table[name] = value or LOCAL
+                placeholder = isinstance(node.value, ast.Constant) and node.value.value is None
+                for target in targets:
+                    if not isinstance(target, ast.Name):
+                        continue
+                    if placeholder and table.get(target.id, LOCAL) != LOCAL:
+                        continue  # `flash_attn = None` in the except of its import: the import's meaning stays
+                    table[target.id] = value or LOCAL
 
     def binding(self, name: str, at: ast.AST) -> Optional[str]:
         """What ``name`` means at ``at``: a qualified name, :data:`LOCAL`, or None (a builtin or undefined)."""
