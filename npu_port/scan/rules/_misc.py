@@ -134,3 +134,45 @@ def cuda_package(name: str) -> Optional[str]:
         if name.startswith(prefix):
             return advice
     return None
+
+
+# ---- extension builds -----------------------------------------------------------------------------------------------
+
+CUDA_SUFFIXES = (".cu", ".cuh")
+
+
+def under_cuda_check(source, node) -> bool:  # type: ignore[no-untyped-def]
+    """Whether ``node`` sits under an ``if`` / conditional expression that asks about CUDA (``if
+    torch.cuda.is_available():``, ``if CUDA_HOME is not None:``, ``if args.cuda:``): built only where CUDA is."""
+    import ast
+
+    parent = source.parents.get(node)
+    while parent is not None:
+        if isinstance(parent, (ast.If, ast.IfExp, ast.While)) and "cuda" in ast.unparse(parent.test).lower():
+            return True
+        parent = source.parents.get(parent)
+    return False
+
+
+def names_cuda_source(source, node) -> bool:  # type: ignore[no-untyped-def]
+    """Whether an expression (a sources list, one file name, an f-string, a name assigned one of these in the same
+    scope) names a ``.cu`` / ``.cuh`` file."""
+    import ast
+
+    for part in ast.walk(node):
+        if isinstance(part, ast.Constant) and isinstance(part.value, str) and part.value.endswith(CUDA_SUFFIXES):
+            return True
+        if isinstance(part, ast.Name):
+            scope = source.scope_of(part)
+            for assign in ast.walk(scope):
+                if (
+                    isinstance(assign, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == part.id for t in assign.targets)
+                    and assign.value is not node
+                    and any(
+                        isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value.endswith(CUDA_SUFFIXES)
+                        for c in ast.walk(assign.value)
+                    )
+                ):
+                    return True
+    return False
