@@ -1,0 +1,226 @@
+"""NPU401: attention written out by hand — scores of q and k, a softmax, the probabilities times v."""
+
+from __future__ import annotations
+
+import ast
+from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+from ..context import PythonFile
+from ..rule import Finding, Rule, register_rule
+
+SCORES, PROBS = "scores", "probs"
+#: Library functions that multiply two tensors, and where their two operands sit among the positional arguments.
+_PRODUCTS = {"torch.matmul": (0, 1), "torch.bmm": (0, 1), "torch.baddbmm": (1, 2), "torch.mm": (0, 1)}
+_PRODUCT_METHODS = {"matmul": (None, 0), "bmm": (None, 0), "baddbmm": (0, 1), "baddbmm_": (0, 1), "mm": (None, 0)}
+_EINSUMS = ("torch.einsum", "torch.functional.einsum", "einops.einsum")
+_SOFTMAXES = ("torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax", "torch._softmax")
+#: Statements whose bodies hold more statements, in the order they run.
+_BODIES = ("body", "orelse", "handlers", "finalbody", "cases")
+
+
+@register_rule
+class HandwrittenAttention(Rule):
+    """Attention written out by hand inside one function: a product of q and k (``torch.baddbmm``, ``matmul``,
+    ``bmm``, ``@`` or ``einsum``), a softmax of those scores, then the probabilities times v — the same tensors
+    flowing through, across simple assignments (``attn = attn * scale``, ``attn = self.dropout(attn)``).
+
+    It works everywhere, but it builds the whole ``(batch * heads, queries, keys)`` score matrix in memory — for long
+    video sequences that is tens of GiB (ControlVideo's hand-written ``_attention`` asks for 112 GiB at 512x512x16
+    frames), where a fused kernel needs a few MiB. Call ``npu_port.attention(q, k, v, attn_mask, scale=...)``
+    instead (SDPA's semantics, the fused kernel of the device: ``npu_fusion_attention`` on Ascend); a legacy
+    diffusers-style class with ``_attention(query, key, value, attention_mask=None)`` is routed as it is by
+    ``npu_port.patch_legacy_attention`` (which ``npu-port run`` applies to a project's own modules).
+
+    Example::
+
+        attn = torch.baddbmm(empty, q, k.transpose(-1, -2), beta=0, alpha=self.scale)
+        attn = attn.softmax(dim=-1)
+        out = torch.bmm(attn, v)        # NPU401
+    """
+
+    code = "NPU401"
+    name = "handwritten-attention"
+    message = (
+        "hand-written attention builds the whole score matrix: use npu_port.attention(q, k, v, ...) "
+        "(a legacy `_attention` class is routed by npu_port.patch_legacy_attention / npu-port run)"
+    )
+    severity = "perf"
+    targets = ("npu", "cpu", "gpu")
+    fix = "manual"
+    triggers = ("softmax",)
+
+    def check(self, source: PythonFile) -> Iterator[Finding]:
+        scopes = [source.tree] + [
+            n for n in ast.walk(source.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
+        for scope in scopes:
+            flow = _Flow(source)
+            flow.run(scope.body)
+            for node, score_line, softmax_line in flow.found:
+                message = (
+                    f"hand-written attention (scores on line {score_line}, softmax on line {softmax_line}) builds the "
+                    "whole score matrix: use npu_port.attention(q, k, v, ...) (a legacy `_attention` class is routed "
+                    "by npu_port.patch_legacy_attention / npu-port run)"
+                )
+                yield source.finding(self, node, message)
+
+
+class _Flow:
+    """Which names hold attention scores or probabilities, statement by statement through one function's body (not
+    into nested functions or classes: each is a scope of its own)."""
+
+    def __init__(self, source: PythonFile) -> None:
+        self.source = source
+        #: name -> (kind, line of the scores, line of the softmax or 0)
+        self.names: Dict[str, Tuple[str, int, int]] = {}
+        self.found: List[Tuple[ast.AST, int, int]] = []
+        self._seen: Set[int] = set()
+
+    def run(self, statements: List[ast.stmt]) -> None:
+        for statement in statements:
+            self.statement(statement)
+
+    def statement(self, node: ast.stmt) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            value = self.kind(node.value) if node.value is not None else None
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in _names(target):
+                    if value is None:
+                        self.names.pop(name, None)
+                    else:
+                        self.names[name] = value
+            return
+        if isinstance(node, ast.AugAssign):
+            value = self.kind(node.value)
+            if isinstance(node.target, ast.Name) and node.target.id not in self.names and value is not None:
+                self.names[node.target.id] = value
+            return
+        for field_name, value in ast.iter_fields(node):  # tests, iterables, returned values, with-items
+            if field_name in _BODIES:
+                continue
+            for child in value if isinstance(value, list) else [value]:
+                if isinstance(child, ast.expr):
+                    self.kind(child)
+                elif isinstance(child, ast.withitem):
+                    self.kind(child.context_expr)
+        for field_name in _BODIES:
+            for child in getattr(node, field_name, None) or []:
+                if isinstance(child, ast.stmt):
+                    self.statement(child)
+                elif isinstance(child, ast.ExceptHandler):
+                    self.run(child.body)
+                elif hasattr(child, "body"):  # match cases
+                    self.run(child.body)
+
+    def kind(self, node: ast.AST) -> Optional[Tuple[str, int, int]]:
+        """What ``node`` evaluates to: scores, probabilities, or nothing of interest (None). Records a finding when
+        it is the probabilities times another tensor."""
+        if isinstance(node, ast.Name):
+            return self.names.get(node.id)
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            return None
+        if isinstance(node, (ast.Compare, ast.BoolOp)) or _is_metadata(node):
+            self._children(node)  # still look for products inside
+            return None
+        operands = self.operands(node)
+        if operands is not None:
+            kinds = [self.kind(o) for o in operands]
+            for other in node.args[:1] if _is_baddbmm(self.source, node) else []:  # the input baddbmm adds to
+                self.kind(other)
+            probs = [k for k in kinds if k is not None and k[0] == PROBS]
+            if probs:
+                if id(node) not in self._seen:
+                    self._seen.add(id(node))
+                    self.found.append((node, probs[0][1], probs[0][2]))
+                return None
+            if all(k is None for k in kinds):
+                return (SCORES, node.lineno, 0)
+            return None
+        softmax_of = self.softmax_input(node)
+        if softmax_of is not None:
+            inner = self.kind(softmax_of)
+            self._children(node, skip=softmax_of)
+            if inner is not None:
+                return (PROBS, inner[1], node.lineno)
+            return None
+        return self._children(node)
+
+    def _children(self, node: ast.AST, skip: Optional[ast.AST] = None) -> Optional[Tuple[str, int, int]]:
+        """The strongest kind among ``node``'s sub-expressions (``attn * scale`` is still scores)."""
+        best: Optional[Tuple[str, int, int]] = None
+        for child in ast.iter_child_nodes(node):
+            if child is skip or not isinstance(child, (ast.expr, ast.keyword)):
+                continue
+            found = self.kind(child.value if isinstance(child, ast.keyword) else child)
+            if found is not None and (best is None or (found[0] == PROBS and best[0] == SCORES)):
+                best = found
+        return best
+
+    def operands(self, node: ast.AST) -> Optional[List[ast.expr]]:
+        """The two tensors a product multiplies (``a @ b``, ``torch.matmul(a, b)``, ``a.bmm(b)``, ``torch.baddbmm(c,
+        a, b)``, ``einsum("...", a, b)``), or None when ``node`` is not a product of two tensors."""
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            return [node.left, node.right]
+        if not isinstance(node, ast.Call):
+            return None
+        name = self.source.resolve(node)
+        args = [a for a in node.args if not isinstance(a, ast.Starred)]
+        if name in _PRODUCTS:
+            first, second = _PRODUCTS[name]
+            return [args[first], args[second]] if len(args) > second else None
+        if name in _EINSUMS:
+            tensors = args[1:] if args and isinstance(args[0], ast.Constant) else args[:-1]
+            return tensors if len(tensors) == 2 else None
+        if name is None and isinstance(node.func, ast.Attribute) and node.func.attr in _PRODUCT_METHODS:
+            first, second = _PRODUCT_METHODS[node.func.attr]
+            receiver = node.func.value
+            if first is None:
+                return [receiver, args[second]] if len(args) > second else None
+            return [args[first], args[second]] if len(args) > second else None
+        return None
+
+    def softmax_input(self, node: ast.AST) -> Optional[ast.expr]:
+        """What a softmax call normalises: ``torch.softmax(x, -1)``, ``F.softmax(x)``, ``x.softmax(-1)``,
+        ``self.softmax(x)`` (an ``nn.Softmax`` module); None when ``node`` is not one."""
+        if not isinstance(node, ast.Call):
+            return None
+        name = self.source.resolve(node)
+        if name in _SOFTMAXES or (name is None and isinstance(node.func, ast.Name) and "softmax" in node.func.id):
+            return node.args[0] if node.args else None
+        if name is None and isinstance(node.func, ast.Attribute) and "softmax" in node.func.attr.lower():
+            if node.func.attr == "softmax" and not _is_module_attribute(node.func.value):
+                return node.func.value  # x.softmax(dim=-1)
+            return node.args[0] if node.args else None  # self.softmax(x), nn.Softmax(dim=-1)(x) via an attribute
+        if isinstance(node.func, ast.Call) and self.source.resolve(node.func) == "torch.nn.Softmax":
+            return node.args[0] if node.args else None  # nn.Softmax(dim=-1)(x)
+        return None
+
+
+def _is_baddbmm(source: PythonFile, node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and (
+        source.resolve(node) == "torch.baddbmm"
+        or (isinstance(node.func, ast.Attribute) and node.func.attr in ("baddbmm", "baddbmm_"))
+    )
+
+
+def _is_metadata(node: ast.AST) -> bool:
+    """``attn.shape``, ``attn.size(-1)``, ``attn.dtype``: facts about a tensor, not its values."""
+    if isinstance(node, ast.Attribute):
+        return node.attr in ("shape", "dtype", "device", "ndim", "is_cuda")
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("size", "dim")
+
+
+def _is_module_attribute(node: ast.AST) -> bool:
+    """``self.something`` / ``self``: ``self.softmax(x)`` is a module called on ``x``, not a method of ``self``."""
+    return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+def _names(target: ast.AST) -> List[str]:
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for element in target.elts for n in _names(element)]
+    return []

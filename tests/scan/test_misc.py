@@ -1,0 +1,47 @@
+"""Checks of the NPU4xx-NPU6xx rules that inline fixtures cannot hold: JSON configs (no comments for ``# expect``),
+the requirement-line parser, and the flag table."""
+
+from __future__ import annotations
+
+import json
+
+from npu_port.scan.engine import scan, scan_file, select_rules
+from npu_port.scan.rules._misc import flag, requirement
+
+
+def test_a_transformers_config_json_asking_for_flash_attention_2_is_reported(tmp_path):
+    config = {"architectures": ["LlamaForCausalLM"], "_attn_implementation": "flash_attention_2", "use_xformers": False}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    found = [(f.line, f.code, f.severity, f.fix) for f in scan_file(str(path), False, select_rules()).findings]
+    assert found == [(5, "NPU652", "runtime", "unsafe")]
+
+
+def test_requirements_are_found_by_the_scan_of_a_folder_and_manifest_in_is_not_one(tmp_path):
+    (tmp_path / "requirements.txt").write_text("xformers==0.0.22\napex\n", encoding="utf-8")
+    (tmp_path / "MANIFEST.in").write_text("include xformers\n", encoding="utf-8")
+    (tmp_path / "kernel.cu").write_text("#include <cuda.h>\n__global__ void k() {}\n", encoding="utf-8")
+    result = scan([str(tmp_path)], select=["NPU6", "NPU5"])
+    got = sorted((f.path.rsplit("/", 1)[-1], f.line, f.code) for f in result.findings)
+    assert got == [("kernel.cu", 2, "NPU504"), ("requirements.txt", 1, "NPU601"), ("requirements.txt", 2, "NPU602")]
+
+
+def test_requirement_lines_name_the_package_whatever_their_form():
+    assert requirement("Flash_Attn>=2.0 ; python_version>'3.8'")[0] == "flash-attn"
+    assert requirement("xformers[dev]==0.0.22  # pinned")[0] == "xformers"
+    assert requirement("-e git+https://github.com/NVIDIA/apex.git#egg=apex")[0] == "apex"
+    assert requirement("https://x.org/flash_attn-2.5.8+cu122-cp310-cp310-linux_x86_64.whl")[0] == "flash-attn"
+    assert requirement("git+https://github.com/facebookresearch/xformers.git@v0.0.22")[0] == "xformers"
+    assert requirement("-r base.txt") is None
+    assert requirement("# flash-attn") is None
+
+
+def test_flags_are_on_only_when_set_to_a_true_value():
+    assert flag("--enable-xformers-memory-efficient-attention", None) == (
+        "xformers",
+        "enable_xformers_memory_efficient_attention",
+    )
+    assert flag("use_flash_attn", "True") == ("flash-attn", "use_flash_attn")
+    assert flag("use_flash_attn", "false") is None
+    assert flag("attn_implementation", "'sdpa'") is None
+    assert flag("attn_implementation", '"flash_attention_2"')[0] == "flash_attention_2"
