@@ -187,7 +187,13 @@ def scan_file(path: str, vendored: bool, selected: Sequence[Type[Rule]]) -> File
         if SyntaxRule in selected:
             result.findings.append(TextFile(path, "").finding(SyntaxRule(), 1, f"cannot be read ({exc}); not scanned"))
         return result
-    interested = [r for r in selected if r is not SyntaxRule and any(t in text for t in r.triggers)]
+    interested = [
+        r
+        for r in selected
+        if r is not SyntaxRule
+        and (bool(r.file_patterns) != python)  # text rules read the files they name, Python rules .py files
+        and any(t in text for t in r.triggers)
+    ]
     unreadable = SyntaxRule in selected
     if python:
         try:  # every Python file is parsed (a file that does not parse is reported); rules only where triggered
