@@ -8,11 +8,12 @@ and synchronising or emptying a cache does nothing — the answers a CPU run of 
 
 from __future__ import annotations
 
+import os
 from typing import Optional, Tuple
 
 import torch
 
-from .detect import DEVICE_TYPES, DeviceLike, backend_status, get_device
+from .detect import DEVICE_TYPES, ENV_VARIABLE, DeviceLike, backend_status, get_device
 from .memory import host_memory_bytes
 from .sync import synchronize as _synchronize_device
 
@@ -21,10 +22,19 @@ AUTOCAST_DTYPES = {"cuda": torch.float16, "npu": torch.float16, "xpu": torch.bfl
 
 
 def _device(device: DeviceLike) -> torch.device:
-    """``device`` checked the way :func:`get_device` checks it: an unusable device is a clear error, not torch's."""
+    """``device`` checked the way :func:`get_device` checks it: an unusable device is a clear error, not torch's.
+
+    None means what ``torch.cuda``'s functions mean by it: the *current* device of the detected type (the one
+    ``torch.cuda.set_device(rank)`` / ``torch.npu.set_device`` chose), unless ``$NPU_PORT_DEVICE`` names one.
+    """
     if isinstance(device, int):
         return get_device(f"{get_device().type}:{device}")
-    return get_device(device)
+    found = get_device(device)
+    if device is None and found.type != "cpu" and not os.environ.get(ENV_VARIABLE, "").strip():
+        current = getattr(_backend(found), "current_device", None)
+        if callable(current):
+            return torch.device(found.type, current())
+    return found
 
 
 def _device_type(device: DeviceLike) -> str:

@@ -45,6 +45,7 @@ def test_an_assert_on_cuda_tensors_passes_for_the_target_and_is_recorded_with_it
         (4, "q.is_cuda", 1),
     ]
     assert checks.summary()[0] == {
+        "rule": "NPU390",
         "module": "project.mod",
         "file": "/project/project/mod.py",
         "line": 3,

@@ -173,3 +173,18 @@ def test_helpers_answer_for_the_cpu(no_env):
     first = torch.randn(3)
     torch.manual_seed(5)
     assert torch.equal(first, torch.randn(3))
+
+
+def test_helpers_default_to_the_current_device_as_torch_cuda_does(no_env, monkeypatch):
+    """``torch.cuda.synchronize()`` means the current device (``set_device(rank)``), not device 0: so does
+    ``npu_port.device.synchronize()`` — what ``npu-port fix`` rewrites the former to."""
+    from npu_port.device import helpers
+
+    monkeypatch.setattr(
+        helpers, "get_device", lambda device=None: torch.device("cuda", 0) if device is None else torch.device(device)
+    )
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert helpers._device(None) == torch.device("cuda", 3)
+    assert helpers._device("cuda:1") == torch.device("cuda", 1)  # a named device stays itself
+    monkeypatch.setenv("NPU_PORT_DEVICE", "cuda:0")
+    assert helpers._device(None) == torch.device("cuda", 0)  # the environment names one: it wins

@@ -52,8 +52,9 @@ def _call(name):
     for part in name.split("."):
         target = getattr(target, part)
     result = target(*ARGUMENTS.get(name, ()))
-    if hasattr(result, "__enter__"):  # context managers act on entry
+    if hasattr(result, "__enter__"):  # context managers act on entry; leave at once (no state leaks to other tests)
         result.__enter__()
+        result.__exit__(None, None, None)
     return result
 
 

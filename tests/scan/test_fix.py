@@ -27,10 +27,10 @@ FIXED = """import torch
 import os  # a comment that stays
 import npu_port
 
-model = torch.nn.Linear(2, 2).to(npu_port.get_device())   # trailing comment
-x = torch.zeros(2).to(npu_port.get_device(), non_blocking=True)
+model = torch.nn.Linear(2, 2).to(npu_port.get_device().type)   # trailing comment
+x = torch.zeros(2).to(npu_port.get_device().type, non_blocking=True)
 y = x.cuda(0)
-s = "café"; z = x.to(npu_port.get_device())
+s = "café"; z = x.to(npu_port.get_device().type)
 """
 
 
@@ -40,7 +40,7 @@ def test_the_default_is_a_dry_run_printing_the_diff(tmp_path, capsys):
     assert main(["fix", str(path)]) == 0
     captured = capsys.readouterr()
     assert path.read_text(encoding="utf-8") == SOURCE  # nothing written
-    assert "+model = torch.nn.Linear(2, 2).to(npu_port.get_device())   # trailing comment" in captured.out
+    assert "+model = torch.nn.Linear(2, 2).to(npu_port.get_device().type)   # trailing comment" in captured.out
     assert "would fix 3 findings in 1 files" in captured.err
     assert "NPU301 `.cuda(device)` needs a CUDA device" in captured.err and "dry run: nothing written" in captured.err
 
@@ -63,7 +63,7 @@ def test_an_existing_npu_port_import_is_not_added_twice(tmp_path):
     path = tmp_path / "a.py"
     path.write_text("import npu_port\nimport torch\nx = torch.ones(1).cuda()\n", encoding="utf-8")
     (one,) = fix([str(path)])
-    assert one.new == "import npu_port\nimport torch\nx = torch.ones(1).to(npu_port.get_device())\n"
+    assert one.new == "import npu_port\nimport torch\nx = torch.ones(1).to(npu_port.get_device().type)\n"
 
 
 def test_select_and_ignore_limit_what_is_fixed(tmp_path):
@@ -76,6 +76,17 @@ def test_select_and_ignore_limit_what_is_fixed(tmp_path):
 # ---- a property: whatever the mix, the output parses, is a fixed point, and leaves no safe fix undone --------------
 
 STATEMENTS = [
+    "torch.cuda.synchronize()",
+    "peak = torch.cuda.max_memory_allocated(0)",
+    "from torch.cuda import empty_cache\nempty_cache()",
+    "t = torch.zeros(2, device='cuda')",
+    "u2 = x.to('cuda:1')",
+    "dev = torch.device('cuda', 0)",
+    "d3 = f'cuda:{x}'",
+    "import torch.distributed as dist\ndist.init_process_group(backend='nccl')",
+    "dist2 = torch.distributed.new_group(backend='cpu:gloo,cuda:nccl')",
+    "ctx = torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False)",
+    "ctx2 = torch.backends.cuda.sdp_kernel(enable_flash=flag)",
     "x = torch.zeros(2).cuda()",
     "y = model.cuda()  # move it",
     "z = batch['a'].cuda(non_blocking=True)",
@@ -104,3 +115,36 @@ def test_fix_output_parses_is_idempotent_and_leaves_no_safe_fix(tmp_path_factory
     fix([str(path)], write=True)
     assert path.read_text() == once
     assert [f for f in scan([str(path)]).findings if f.fix == "safe"] == []
+
+
+def test_each_safe_fix_writes_what_means_the_same_on_cuda(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "import torch\n"
+        "import torch.distributed as dist\n"
+        "def run(x, rank):\n"
+        "    torch.cuda.synchronize()\n"
+        "    y = x.to('cuda:1', non_blocking=True)\n"
+        "    z = torch.zeros(1, device='cuda')\n"
+        "    dist.init_process_group(backend='nccl')\n"
+        "    with torch.backends.cuda.sdp_kernel(enable_flash=False, enable_cudnn=False):\n"
+        "        pass\n"
+        "    return y, z\n"
+    )
+    (one,) = fix([str(path)])
+    assert one.new.splitlines() == [
+        "import torch",
+        "import torch.distributed as dist",
+        "import npu_port",
+        "import torch.nn.attention",
+        "",
+        "def run(x, rank):",
+        "    npu_port.device.synchronize()",
+        '    y = x.to(f"{npu_port.get_device().type}:1", non_blocking=True)',
+        "    z = torch.zeros(1, device=npu_port.get_device().type)",
+        "    dist.init_process_group(backend=npu_port.distributed.default_backend())",
+        "    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH, "
+        "torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION]):",
+        "        pass",
+        "    return y, z",
+    ]

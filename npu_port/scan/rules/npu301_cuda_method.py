@@ -13,12 +13,14 @@ from ..rule import Finding, Rule, register_rule
 class CudaMethod(Rule):
     """``x.cuda()`` moves a tensor or a module to a CUDA device and raises where there is none.
 
-    ``npu-port run`` redirects it to the target device. The safe fix is ``.to(npu_port.get_device())`` (the device
-    npu-port detects: NPU, CUDA, XPU, MPS or CPU), with ``import npu_port`` added once.
+    ``npu-port run`` redirects it to the target device. The safe fix is ``.to(npu_port.get_device().type)``: the
+    type of the device npu-port detects (``"npu"``, ``"cuda"``, ``"xpu"``, ``"mps"`` or ``"cpu"``), so on CUDA it
+    is ``.to("cuda")`` — the *current* device, exactly what ``.cuda()`` means after ``torch.cuda.set_device(rank)`` —
+    with ``import npu_port`` added once.
 
     Example::
 
-        model = Net().cuda()                   # NPU301, fixed to Net().to(npu_port.get_device())
+        model = Net().cuda()                   # NPU301, fixed to Net().to(npu_port.get_device().type)
         batch = batch.cuda(non_blocking=True)  # NPU301, fixed keeping non_blocking
         x = x.cuda(local_rank)                 # NPU301, a manual fix: which device is the project's choice
     """
@@ -46,19 +48,19 @@ class CudaMethod(Rule):
                         self,
                         node,
                         "`.cuda(device)` needs a CUDA device; move to the device the project picks for this rank "
-                        "(e.g. `.to(npu_port.get_device(f'npu:{index}'))`)",
+                        "(e.g. `.to(f'{npu_port.get_device().type}:{index}')`)",
                         fix="manual",
                     )
                 else:
                     yield source.finding(self, node)
 
     def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
-        """``x.cuda(non_blocking=...)`` -> ``x.to(npu_port.get_device(), non_blocking=...)``."""
+        """``x.cuda(non_blocking=...)`` -> ``x.to(npu_port.get_device().type, non_blocking=...)``."""
         import libcst as cst
 
         if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "cuda"):
             return None
-        device = cst.Arg(cst.parse_expression("npu_port.get_device()"))
+        device = cst.Arg(cst.parse_expression("npu_port.get_device().type"))
         if node.args:
             device = device.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
         return node.with_changes(func=node.func.with_changes(attr=cst.Name("to")), args=[device, *node.args])

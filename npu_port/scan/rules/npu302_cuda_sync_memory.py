@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
@@ -33,6 +33,7 @@ class CudaSyncMemory(Rule):
     fix = "safe"
     handled_by = "npu-port run (the CUDA redirect)"
     triggers = ("cuda",)
+    fix_imports = ("npu_port",)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, name in cuda_calls(source):
@@ -42,3 +43,22 @@ class CudaSyncMemory(Rule):
                 yield source.finding(
                     self, call, f"{call_text(name)} {does} without CUDA: use `{helper}()` (npu-port run redirects it)"
                 )
+
+    def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
+        """``torch.cuda.synchronize(...)`` -> ``npu_port.device.synchronize(...)`` (the same arguments: a device,
+        an index, or none — the current device, as torch.cuda's)."""
+        import libcst as cst
+
+        if not isinstance(node, cst.Call):
+            return None
+        func = node.func
+        if isinstance(func, cst.Attribute):
+            name = func.attr.value
+        elif isinstance(func, cst.Name):
+            name = func.value
+        else:
+            return None
+        helper = HELPERS.get(name)
+        if helper is None:
+            return None
+        return node.with_changes(func=cst.parse_expression(helper))

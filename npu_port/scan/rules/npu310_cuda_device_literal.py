@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import ast
-from typing import Iterator, Optional
+import re
+from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
 from ._device import AUTOCAST, GENERATOR, GRAD_SCALER, argument, is_cuda_literal
+
+_INDEXED = re.compile(r"cuda:\d+")
+
+
+def _plain(node: ast.AST) -> bool:
+    """A constant ``"cuda"`` or ``"cuda:N"``: what the safe fix rewrites (f-strings and arithmetic are manual)."""
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and (node.value == "cuda" or _INDEXED.fullmatch(node.value) is not None)
+    )
+
 
 #: Keywords that take a device.
 DEVICE_KEYWORDS = ("device", "map_location")
@@ -74,8 +87,9 @@ class CudaDeviceLiteral(Rule):
                 yield source.finding(
                     self,
                     literal,
-                    "a CUDA device literal raises without CUDA: use `npu_port.get_device()` "
+                    "a CUDA device literal raises without CUDA: use `npu_port.get_device().type` "
                     "(npu-port run maps it to the target)",
+                    fix=None if _plain(literal) else "manual",
                 )
 
     def _in_call(self, source: PythonFile, call: ast.Call) -> Optional[ast.AST]:
@@ -111,4 +125,22 @@ class CudaDeviceLiteral(Rule):
                     default,
                     "a CUDA device default raises without CUDA: default to None and use `npu_port.get_device()` "
                     "(npu-port run maps it to the target)",
+                    fix="manual",  # a default is evaluated at import: the device must be looked up at call time
                 )
+
+    fix_imports = ("npu_port",)
+
+    def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
+        """``"cuda"`` -> ``npu_port.get_device().type``; ``"cuda:1"`` -> ``f"{npu_port.get_device().type}:1"`` —
+        strings still, equal to the originals on CUDA (comparisons, f-strings and ``torch.device(...)`` behave the
+        same there)."""
+        import libcst as cst
+
+        if not isinstance(node, cst.SimpleString):
+            return None
+        text = node.evaluated_value
+        if text == "cuda":
+            return cst.parse_expression("npu_port.get_device().type")
+        if _INDEXED.fullmatch(text):
+            return cst.parse_expression('f"{npu_port.get_device().type}:' + text.split(":")[1] + '"')
+        return None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
@@ -71,4 +71,16 @@ class NcclBackend(Rule):
                     value,
                     "`nccl` exists only on NVIDIA GPUs: use `npu_port.distributed.default_backend()` (hccl on Ascend, "
                     "gloo on CPU; npu-port run maps it)",
+                    fix=None if value.value.lower() == "nccl" else "manual",  # "cpu:gloo,cuda:nccl": by hand
                 )
+
+    fix_imports = ("npu_port",)
+
+    def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
+        """``"nccl"`` -> ``npu_port.distributed.default_backend()`` (``"nccl"`` on CUDA, hccl on Ascend, gloo on a
+        CPU)."""
+        import libcst as cst
+
+        if isinstance(node, cst.SimpleString) and node.evaluated_value.lower() == "nccl":
+            return cst.parse_expression("npu_port.distributed.default_backend()")
+        return None

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+import ast
+from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
@@ -31,13 +32,51 @@ class SdpKernel(Rule):
     fix = "safe"
     handled_by = "npu-port run (the CUDA redirect)"
     triggers = ("sdp_kernel",)
+    fix_imports = ("torch.nn.attention",)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, qualified in source.calls():
             if qualified == "torch.backends.cuda.sdp_kernel":
+                literal = (
+                    not call.keywords
+                    and not call.args
+                    or all(
+                        isinstance(a.value if isinstance(a, ast.keyword) else a, ast.Constant)
+                        and isinstance((a.value if isinstance(a, ast.keyword) else a).value, bool)
+                        for a in [*call.args, *call.keywords]
+                    )
+                )
                 yield source.finding(
                     self,
                     call,
                     "`torch.backends.cuda.sdp_kernel` is deprecated and CUDA-only: use "
                     "`torch.nn.attention.sdpa_kernel([SDPBackend...])` (npu-port run converts it)",
+                    fix=None if literal and all(k.arg in FLAGS for k in call.keywords) else "manual",
                 )
+
+    def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
+        """``sdp_kernel(enable_flash=True, enable_math=False, ...)`` -> ``torch.nn.attention.sdpa_kernel([...])``
+        with the backends whose flags are true (each flag defaults to True, as in ``sdp_kernel``); only when every
+        flag is a literal True / False."""
+        import libcst as cst
+
+        if not isinstance(node, cst.Call):
+            return None
+        flags = dict(zip(FLAGS, [True] * len(FLAGS)))
+        for index, arg in enumerate(node.args):
+            name = arg.keyword.value if arg.keyword is not None else (FLAGS[index] if index < len(FLAGS) else None)
+            if name not in flags or not isinstance(arg.value, cst.Name) or arg.value.value not in ("True", "False"):
+                return None
+            flags[name] = arg.value.value == "True"
+        chosen = [f"torch.nn.attention.SDPBackend.{BACKENDS[name]}" for name in FLAGS if flags[name]]
+        return cst.parse_expression(f"torch.nn.attention.sdpa_kernel([{', '.join(chosen)}])")
+
+
+#: ``sdp_kernel``'s flags in its positional order, and the ``SDPBackend`` each enables.
+FLAGS = ("enable_flash", "enable_math", "enable_mem_efficient", "enable_cudnn")
+BACKENDS = {
+    "enable_flash": "FLASH_ATTENTION",
+    "enable_math": "MATH",
+    "enable_mem_efficient": "EFFICIENT_ATTENTION",
+    "enable_cudnn": "CUDNN_ATTENTION",
+}
