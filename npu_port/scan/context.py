@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .rule import Finding, Rule, node_span
 
@@ -63,14 +63,31 @@ class PythonFile:
     tree: ast.Module
     parents: Dict[ast.AST, ast.AST] = field(default_factory=dict)
     _bindings: Dict[ast.AST, Dict[str, str]] = field(default_factory=dict)
+    #: What rules compute from the whole file, once per file (every call resolved, the imports, ...).
+    memo: Dict[str, Any] = field(default_factory=dict)
+    #: Every node of the tree, in ``ast.walk`` order: walked once here, read by every rule (walking the tree once per
+    #: rule was most of a scan's time).
+    nodes: List[ast.AST] = field(default_factory=list)
 
     @classmethod
     def parse(cls, path: str, text: str) -> "PythonFile":
         """Parse ``text`` (a SyntaxError propagates: the engine reports it as a finding)."""
         source = cls(path, text, ast.parse(text, filename=path))
-        for node in ast.walk(source.tree):
-            for child in ast.iter_child_nodes(node):
-                source.parents[child] = node
+        nodes: List[ast.AST] = [source.tree]
+        parents = source.parents
+        AST = ast.AST
+        for node in nodes:  # one breadth-first pass (ast.walk's order) that also records each node's parent
+            for name in node._fields:
+                value = getattr(node, name, None)
+                if isinstance(value, AST):
+                    parents[value] = node
+                    nodes.append(value)
+                elif isinstance(value, list):
+                    for item in value:
+                        if isinstance(item, AST):
+                            parents[item] = node
+                            nodes.append(item)
+        source.nodes = nodes
         source._bind()
         return source
 
@@ -93,7 +110,7 @@ class PythonFile:
         (``try: import flash_attn`` / ``except ImportError: flash_attn = None``), which keeps the import: where the
         name is used, it is the library's when it is anything."""
         events: List[ast.AST] = []
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, _SCOPES):
                 self._bindings.setdefault(node, {})
             if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -164,11 +181,17 @@ class PythonFile:
 
     # ---- what rules ask often ------------------------------------------------------------------------------------
 
-    def calls(self) -> Iterator[Tuple[ast.Call, Optional[str]]]:
-        """Every call, with its function's qualified name (None when unresolved)."""
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Call):
-                yield node, self.resolve(node)
+    def cached(self, key: str, compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per file: what several rules read (resolved calls, imports) is computed once."""
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
+
+    def calls(self) -> List[Tuple[ast.Call, Optional[str]]]:
+        """Every call, with its function's qualified name (None when unresolved); computed once per file."""
+        return self.cached(
+            "calls", lambda: [(node, self.resolve(node)) for node in self.nodes if isinstance(node, ast.Call)]
+        )
 
     def guard(self, node: ast.AST) -> str:
         """How an import is guarded: ``"try"`` (inside a try with an except), ``"if"`` (under a condition),

@@ -69,7 +69,7 @@ def test_encodings_a_bom_and_a_declared_latin1_file_are_read(tmp_path):
 
 
 def test_a_file_that_does_not_parse_or_decode_is_a_finding_not_a_crash(tmp_path):
-    _tree(tmp_path, {"py2.py": 'print "x"\n', "bad.py": b"x = '\xff\xfe'\n", "ok.py": CUDA_LINE})
+    _tree(tmp_path, {"py2.py": 'print "x".cuda()\n', "bad.py": b"x = '\xff\xfe'\n", "ok.py": CUDA_LINE})
     found = {os.path.basename(f.path): f for f in scan([str(tmp_path)]).findings}
     assert found["py2.py"].code == "NPU001" and "cannot be parsed as Python" in found["py2.py"].message
     assert found["bad.py"].code == "NPU001" and "cannot be read" in found["bad.py"].message

@@ -36,57 +36,13 @@ XFORMERS_ATTENTION = {
 
 
 def resolve(source: PythonFile, node: ast.AST) -> Optional[str]:
-    """``source.resolve``, except that a module-level name both imported and assigned (``try: import flash_attn``
-    / ``except ImportError: flash_attn = None``, the usual optional import) keeps its import's meaning: the core's
-    resolver lets the assignment win."""
-    found = source.resolve(node)
-    if found is not None:
-        return found
-    func = node.func if isinstance(node, ast.Call) else node
-    parts = []
-    while isinstance(func, ast.Attribute):
-        parts.append(func.attr)
-        func = func.value
-    if not isinstance(func, ast.Name):
-        return None
-    scope = source.scope_of(func)
-    while scope is not source.tree:  # a parameter or local of that name in an enclosing function: the project's own
-        if func.id in source._bindings.get(scope, {}):  # read-only use of the core's binding tables
-            return None
-        scope = source.scope_of(scope)
-    imported = _module_imports(source).get(func.id)
-    return ".".join([imported, *reversed(parts)]) if imported else None
-
-
-def _module_imports(source: PythonFile) -> Dict[str, str]:
-    names: Dict[str, str] = {}
-    for node in ast.walk(source.tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and source.scope_of(node) is source.tree:
-            for alias in node.names:
-                if isinstance(node, ast.Import):
-                    names[alias.asname or alias.name.split(".")[0]] = (
-                        alias.name if alias.asname else alias.name.split(".")[0]
-                    )
-                elif not node.level and node.module and alias.name != "*":
-                    names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-    assigned = {
-        t.id
-        for node in source.tree.body
-        for inner in ast.walk(node)
-        if isinstance(inner, ast.Assign)
-        for t in inner.targets
-        if isinstance(t, ast.Name)
-    }
-    # only names the file also assigns: a def or a parameter of that name is the project's own
-    return {name: value for name, value in names.items() if name in assigned}
+    """``source.resolve`` (the core keeps an import's meaning through ``name = None`` in its except)."""
+    return source.resolve(node)
 
 
 def flash_calls(source: PythonFile) -> Iterator[Tuple[ast.Call, str]]:
     """``(call, function name)`` for every call of a flash_attn function the drop-in serves."""
-    for call in ast.walk(source.tree):
-        if not isinstance(call, ast.Call):
-            continue
-        name = resolve(source, call)
+    for call, name in source.calls():
         if name and "." in name:
             module, function = name.rsplit(".", 1)
             if module in FLASH_MODULES and function in FLASH_CAUSAL_AT:

@@ -185,9 +185,14 @@ def _under_type_checking(source: PythonFile, node: ast.AST) -> bool:
     return False
 
 
-def imports(source: PythonFile) -> Iterator[Import]:
-    """Every absolute import of the file (relative ones are the project's own), except under ``TYPE_CHECKING``."""
-    for node in ast.walk(source.tree):
+def imports(source: PythonFile) -> List[Import]:
+    """Every absolute import of the file (relative ones are the project's own), except under ``TYPE_CHECKING``;
+    computed once per file."""
+    return source.cached("imports", lambda: list(_imports(source)))
+
+
+def _imports(source: PythonFile) -> Iterator[Import]:
+    for node in source.nodes:
         if isinstance(node, ast.Import):
             found: List[Import] = [Import(node, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -228,8 +233,12 @@ def is_project_module(source: PythonFile, module: str, levels: int = 8) -> bool:
     return False
 
 
-def classified_imports(source: PythonFile) -> Iterator[Tuple[Import, Kind]]:
+def classified_imports(source: PythonFile) -> List[Tuple[Import, Kind]]:
     """Every import of the file that is handled or CUDA-only, each module once per import statement."""
+    return source.cached("classified_imports", lambda: list(_classified(source)))
+
+
+def _classified(source: PythonFile) -> Iterator[Tuple[Import, Kind]]:
     for found in imports(source):
         kind = classify(found.module, found.name)
         if kind is None:

@@ -36,7 +36,7 @@ class CudaMethod(Rule):
     fix_imports = ("npu_port",)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for node in ast.walk(source.tree):
+        for node in source.nodes:
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)

@@ -34,7 +34,7 @@ class CudaSeed(Rule):
     targets = ("npu",)
     fix = "unsafe"
     handled_by = "npu-port run (the CUDA redirect)"
-    triggers = ("seed",)
+    triggers = ("cuda",)  # every form names cuda: torch.cuda.* or a "cuda" device
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, name in cuda_calls(source):

@@ -29,7 +29,7 @@ class CudaAvailability(Rule):
     severity = "perf"
     targets = ("npu",)
     fix = "manual"
-    triggers = ("is_available", "device_count")
+    triggers = ("cuda",)  # every form names cuda: torch.cuda.* or a "cuda" device
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, name in cuda_calls(source):

@@ -29,7 +29,7 @@ class CudaGenerator(Rule):
     targets = ("npu", "cpu")
     fix = "manual"  # a safe rewrite exists in principle; npu-port fix does not do it yet
     handled_by = "npu-port run (the CUDA redirect)"
-    triggers = ("Generator",)
+    triggers = ("cuda",)  # every form names cuda: torch.cuda.* or a "cuda" device
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, qualified in source.calls():

@@ -72,7 +72,7 @@ class CudaDeviceLiteral(Rule):
     triggers = ("cuda",)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for node in ast.walk(source.tree):
+        for node in source.nodes:
             literal = None
             if isinstance(node, ast.Call):
                 literal = self._in_call(source, node)

@@ -37,7 +37,7 @@ class CudaDeviceMesh(Rule):
     severity = "runtime"
     targets = ("npu", "cpu")
     fix = "manual"  # a safe rewrite exists in principle; npu-port fix does not do it yet
-    triggers = ("DeviceMesh", "device_mesh")
+    triggers = ("cuda",)  # every form names cuda: torch.cuda.* or a "cuda" device
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, qualified in source.calls():

@@ -30,7 +30,7 @@ class CudaSetDevice(Rule):
     targets = ("npu", "cpu")
     fix = "manual"
     handled_by = "npu-port run (the CUDA redirect)"
-    triggers = ("set_device",)
+    triggers = ("cuda",)  # every form names cuda: torch.cuda.* or a "cuda" device
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, name in cuda_calls(source):

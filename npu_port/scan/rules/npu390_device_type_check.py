@@ -68,10 +68,10 @@ class DeviceTypeCheck(Rule):
     targets = ("npu", "cpu")
     fix = "manual"
     handled_by = "npu-port run (device-type checks in the project's own modules)"
-    triggers = ("is_cuda", ".type")
+    triggers = ("is_cuda", '"cuda"', "'cuda'")  # a comparison with the literal, or an is_cuda read
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for node in ast.walk(source.tree):
+        for node in source.nodes:
             if isinstance(node, ast.Compare) and cuda_type_side(node) is not None:
                 yield source.finding(self, node)
             elif is_cuda_read(node):

@@ -51,7 +51,7 @@ class HandwrittenAttention(Rule):
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         scopes = [source.tree] + [
-            n for n in ast.walk(source.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            n for n in source.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
         ]
         for scope in scopes:
             flow = _Flow(source)
