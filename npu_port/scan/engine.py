@@ -1,9 +1,10 @@
 """Scanning a tree: which files, how each is read, which rules look at it, and what is suppressed.
 
 - Files: every ``*.py`` (and the files non-Python rules name: requirements, YAML configs, CUDA sources) under the
-  paths given, minus what ``.gitignore`` files ignore (read with pathspec, git's own pattern rules) and hidden or
-  build folders. Folders that hold someone else's code (``third_party``, ``vendor``, ``external``, ``site-packages``,
-  ...) are scanned but reported apart: their findings are not the project's to fix.
+  paths given, minus hidden and build folders and what ``.gitignore`` ignores: in a git checkout, the files git
+  lists (committed files always count: git ignores only untracked ones), elsewhere ``.gitignore`` files read with
+  pathspec (git's own pattern rules). Folders that hold someone else's code (``third_party``, ``vendor``,
+  ``external``, ``site-packages``, ...) are scanned but reported apart: their findings are not the project's to fix.
 - Reading: the encoding a Python file declares (PEP 263) or UTF-8, a byte-order mark dropped; a file that cannot be
   decoded or parsed is a finding (NPU001), never a crash.
 - Rules: a file is parsed (Python's own parser), its names resolved and rules run only when it contains one of some
@@ -123,6 +124,27 @@ def _ignored(specs: List[Tuple[Path, object]], path: Path, is_folder: bool) -> b
     return False
 
 
+def _git_files(root: Path) -> Optional[List[str]]:
+    """The files git knows under ``root`` — tracked ones, and untracked ones ``.gitignore`` does not exclude — or
+    None outside a git checkout (or without git). Git ignores only untracked files: a committed file in a folder a
+    ``.gitignore`` names (CogVideo ignores ``**/sat``, whose 67 files are committed) is part of the project."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    names = [n for n in done.stdout.decode("utf-8", "surrogateescape").split("\0") if n]
+    return sorted(str(root / name) for name in names if (root / name).is_file())
+
+
 def discover(paths: Sequence[str], patterns: Sequence[str] = ()) -> List[Tuple[str, bool]]:
     """``(path, vendored)`` for every file to scan under ``paths`` (files given by name are always scanned)."""
     found: List[Tuple[str, bool]] = []
@@ -132,6 +154,15 @@ def discover(paths: Sequence[str], patterns: Sequence[str] = ()) -> List[Tuple[s
             raise ScanError(f"no such file or folder: {given}")
         if root.is_file():
             found.append((str(root), False))
+            continue
+        tracked = _git_files(root)
+        if tracked:  # a git checkout: what git has (committed files count even where .gitignore matches)
+            for path in tracked:
+                parts = set(Path(os.path.relpath(path, root)).parts[:-1])
+                if parts & set(SKIPPED) or any(p.startswith(".") for p in parts):
+                    continue
+                if _wanted(os.path.basename(path), patterns):
+                    found.append((path, bool(parts & set(VENDORED))))
             continue
         specs: List[Tuple[Path, object]] = []
         for folder, folders, files in os.walk(root):

@@ -195,3 +195,17 @@ def test_the_readmes_rule_table_is_the_registrys():
     assert start in readme and end in readme
     table = readme.split(start, 1)[1].split(end, 1)[0]
     assert table == report.rules_table(markdown=True), "regenerate: npu-port scan --rules --markdown"
+
+
+def test_in_a_git_checkout_committed_files_count_even_where_gitignore_matches(tmp_path):
+    """Git ignores only untracked files: CogVideo's .gitignore names ``**/sat``, whose 67 files are committed."""
+    _tree(tmp_path, {".gitignore": "sat/\nscratch/\n", "sat/model.py": CUDA_LINE, "scratch/tmp.py": CUDA_LINE})
+    _tree(tmp_path, {"src/ok.py": CUDA_LINE})
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("add", "-f", "sat/model.py", "src/ok.py", ".gitignore")
+    found = sorted(os.path.relpath(f.path, tmp_path) for f in scan([str(tmp_path)]).findings)
+    assert found == [os.path.join("sat", "model.py"), os.path.join("src", "ok.py")]  # scratch/ is untracked: ignored

@@ -50,9 +50,7 @@ class HandwrittenAttention(Rule):
     triggers = ("softmax",)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        scopes = [source.tree] + [
-            n for n in source.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-        ]
+        scopes = [source.tree] + [n for n in source.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         for scope in scopes:
             flow = _Flow(source)
             flow.run(scope.body)
