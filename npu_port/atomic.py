@@ -40,6 +40,9 @@ def atomic_path(path: PathLike, *, mode: int = 0o666, exact_mode: bool = False) 
     ``exact_mode``, ``mode`` itself (a rewritten file keeps the permissions it had).
     """
     destination = Path(path)
+    if destination.exists() and not destination.is_file():  # /dev/null, /dev/stdout, a FIFO: never replace them
+        yield from _through(destination)
+        return
     destination.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(
         prefix=f".{destination.stem}.", suffix=f".tmp{destination.suffix}", dir=destination.parent
@@ -55,6 +58,21 @@ def atomic_path(path: PathLike, *, mode: int = 0o666, exact_mode: bool = False) 
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def _through(destination: Path) -> Iterator[Path]:
+    """For a destination that is not a regular file (a device such as ``/dev/null`` or ``/dev/stdout``, a FIFO):
+    the writer writes a temporary file, whose bytes are then written *into* the destination — renaming over it
+    would replace the device node with a plain file (``-o /dev/null`` would break /dev/null for the machine)."""
+    fd, temporary = tempfile.mkstemp(prefix=".npu-port.", suffix=destination.suffix)
+    os.close(fd)
+    try:
+        yield Path(temporary)
+        with open(temporary, "rb") as source, open(destination, "wb") as target:
+            target.write(source.read())
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
 
 
 def folder_problem(folder: Path, *, create: bool = False) -> Optional[str]:

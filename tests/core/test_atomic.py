@@ -120,3 +120,20 @@ def test_a_folder_in_the_way_is_an_error_and_nothing_is_left(tmp_path):
         atomic.write_bytes(tmp_path / "out.png", b"x")
     assert _leftovers(tmp_path) == []
     assert os.path.isdir(tmp_path / "out.png")
+
+
+def test_a_destination_that_is_not_a_regular_file_is_written_into_never_replaced(tmp_path):
+    """``npu-port scan -o /dev/null``: renaming over a device node or a FIFO would replace it with a plain file (for
+    /dev/null, breaking the machine); the bytes are written into it instead."""
+    from npu_port.atomic import write_text
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    write_text(fifo, "report\n")
+    reader.join(timeout=10)
+    assert received == [b"report\n"]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # still a FIFO
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]  # no temporary left beside it

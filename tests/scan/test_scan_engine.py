@@ -197,6 +197,7 @@ def test_the_readmes_rule_table_is_the_registrys():
     assert table == report.rules_table(markdown=True), "regenerate: npu-port scan --rules --markdown"
 
 
+@pytest.mark.e2e
 def test_in_a_git_checkout_committed_files_count_even_where_gitignore_matches(tmp_path):
     """Git ignores only untracked files: CogVideo's .gitignore names ``**/sat``, whose 67 files are committed."""
     _tree(tmp_path, {".gitignore": "sat/\nscratch/\n", "sat/model.py": CUDA_LINE, "scratch/tmp.py": CUDA_LINE})
