@@ -30,13 +30,18 @@ def _codes(value: str):
 def run(args: argparse.Namespace) -> int:
     from ..scan.fix import fix
 
-    fixes = fix(
-        args.paths or ["."],
-        select=_codes(args.select),
-        ignore=_codes(args.ignore),
-        unsafe=args.unsafe_fixes,
-        write=args.write,
-    )
+    try:
+        fixes = fix(
+            args.paths or ["."],
+            select=_codes(args.select),
+            ignore=_codes(args.ignore),
+            unsafe=args.unsafe_fixes,
+            write=args.write,
+        )
+    except KeyboardInterrupt:  # each file is replaced in one step: it is either fixed or as it was
+        done = "files already fixed stay fixed, the others are unchanged" if args.write else "nothing written"
+        sys.stderr.write(f"npu-port fix: interrupted; {done}\n")
+        return 130
     changed = [f for f in fixes if f.new is not None]
     if not args.write:
         for one in changed:

@@ -51,13 +51,17 @@ def run(args: argparse.Namespace) -> int:
         from ..scan.engine import ScanError
 
         raise ScanError(f"--jobs must be at least 1, got {args.jobs}")
-    result = scan(
-        args.paths or ["."],
-        select=_codes(args.select),
-        ignore=_codes(args.ignore),
-        jobs=args.jobs,
-        progress=not args.no_progress and sys.stderr.isatty(),
-    )
+    try:
+        result = scan(
+            args.paths or ["."],
+            select=_codes(args.select),
+            ignore=_codes(args.ignore),
+            jobs=args.jobs,
+            progress=not args.no_progress and sys.stderr.isatty(),
+        )
+    except KeyboardInterrupt:
+        sys.stderr.write("npu-port scan: interrupted; no report written\n")
+        return 130
     text = report.render(result, args.format)
     if args.output:
         from ..atomic import write_text

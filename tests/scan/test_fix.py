@@ -148,3 +148,29 @@ def test_each_safe_fix_writes_what_means_the_same_on_cuda(tmp_path):
         "        pass",
         "    return y, z",
     ]
+
+
+def test_ctrl_c_during_fix_write_leaves_each_file_fixed_or_as_it_was(tmp_path, monkeypatch, capsys):
+    from npu_port.scan import fix as fix_module
+
+    first, second = tmp_path / "a.py", tmp_path / "b.py"
+    for path in (first, second):
+        path.write_text("import torch\ndef f(x):\n    return x.cuda()\n")
+    real = fix_module._replace
+    calls = []
+
+    def replace_then_interrupt(path, text):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(path)
+        real(path, text)
+
+    monkeypatch.setattr(fix_module, "_replace", replace_then_interrupt)
+    assert main(["fix", str(tmp_path), "--write"]) == 130
+    assert "interrupted; files already fixed stay fixed, the others are unchanged" in capsys.readouterr().err
+    texts = sorted(p.read_text() for p in (first, second))
+    assert texts == sorted(["import torch\ndef f(x):\n    return x.cuda()\n", FIXED_SMALL])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py", "b.py"]
+
+
+FIXED_SMALL = "import torch\nimport npu_port\n\ndef f(x):\n    return x.to(npu_port.get_device().type)\n"
