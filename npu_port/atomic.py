@@ -40,7 +40,19 @@ def atomic_path(path: PathLike, *, mode: int = 0o666, exact_mode: bool = False) 
     ``exact_mode``, ``mode`` itself (a rewritten file keeps the permissions it had).
     """
     destination = Path(path)
-    if destination.exists() and not destination.is_file():  # /dev/null, /dev/stdout, a FIFO: never replace them
+    if destination.is_symlink():  # keep the link: write what it points to (a device or /proc/self/fd/N: into it)
+        target = Path(os.path.realpath(destination))
+        if (
+            str(destination).startswith("/dev/")
+            or str(target).startswith(("/proc/", "/dev/"))
+            or (target.exists() and not target.is_file())
+        ):
+            yield from _through(destination)
+            return
+        destination = target
+    if destination.exists() and not destination.is_file():  # /dev/null, a FIFO, a folder: never replace them
+        if destination.is_dir():
+            raise IsADirectoryError(f"{destination} is a folder, not a file")
         yield from _through(destination)
         return
     destination.parent.mkdir(parents=True, exist_ok=True)

@@ -49,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
     count = sum(len(f.fixed) for f in changed)
     verb = "fixed" if args.write else "would fix"
     lines = [f"npu-port fix: {verb} {count} findings in {len(changed)} files"]
+    for one in fixes:
+        if one.problem:
+            lines.append(f"{one.path}: {one.problem}")
     manual = [finding for one in fixes for finding in one.left if finding.fix == "manual"]
     if manual:
         lines.append(f"{len(manual)} need a manual change:")

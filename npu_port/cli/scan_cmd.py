@@ -65,8 +65,12 @@ def run(args: argparse.Namespace) -> int:
     text = report.render(result, args.format)
     if args.output:
         from ..atomic import write_text
+        from ..scan.engine import ScanError
 
-        write_text(args.output, text)
+        try:
+            write_text(args.output, text.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
+        except OSError as exc:
+            raise ScanError(f"cannot write the report to {args.output}: {exc.strerror or exc}") from None
         sys.stderr.write("\n".join(report.summary_lines(result)) + f"\nwrote {args.output}\n")
     else:
         sys.stdout.write(text)

@@ -15,6 +15,7 @@ comments and formatting, and will parse only the files that need a change.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -22,6 +23,16 @@ from .rule import Finding, Rule, node_span
 
 #: What a name bound by the file itself resolves to: nothing of a library's.
 LOCAL = "<local>"
+
+_LINE_ENDS = re.compile(r"\r\n|\r|\n")
+
+
+def split_lines(text: str) -> List[str]:
+    """The lines as Python (and ast's line numbers) count them: only ``\\n``, ``\\r\\n`` and ``\\r`` end a line
+    (``str.splitlines`` also splits at form feeds and other separators, and the numbers would drift)."""
+    lines = _LINE_ENDS.split(text)
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
 
 _SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
@@ -35,7 +46,7 @@ class TextFile:
 
     @property
     def lines(self) -> List[str]:
-        return self.text.splitlines()
+        return split_lines(self.text)
 
     def finding(self, rule: Rule, line: int, message: Optional[str] = None, column: int = 1) -> Finding:
         text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
@@ -93,7 +104,7 @@ class PythonFile:
 
     @property
     def lines(self) -> List[str]:
-        return self.text.splitlines()
+        return split_lines(self.text)
 
     # ---- name resolution ----------------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Type
 
 from ..errors import NpuPortError
-from .context import PythonFile, TextFile
+from .context import PythonFile, TextFile, split_lines
 from .rule import SEVERITIES, Finding, Rule, rules
 from .rules.npu001_unreadable import SyntaxRule
 
@@ -152,7 +152,7 @@ def discover(paths: Sequence[str], patterns: Sequence[str] = ()) -> List[Tuple[s
         root = Path(given)
         if not root.exists():
             raise ScanError(f"no such file or folder: {given}")
-        if root.is_file():
+        if not root.is_dir():
             found.append((str(root), False))
             continue
         tracked = _git_files(root)
@@ -178,9 +178,16 @@ def discover(paths: Sequence[str], patterns: Sequence[str] = ()) -> List[Tuple[s
             vendored = bool(parts & set(VENDORED))
             for name in sorted(files):
                 path = here / name
-                if _wanted(name, patterns) and not _ignored(specs, path, False):
+                if _wanted(name, patterns) and path.is_file() and not _ignored(specs, path, False):
                     found.append((str(path), vendored))
-    return found
+    seen = set()
+    unique = []
+    for path, vendored in found:  # a path given twice, or a file inside a folder also given: once
+        key = os.path.realpath(path)
+        if key not in seen:
+            seen.add(key)
+            unique.append((path, vendored))
+    return unique
 
 
 # ---- one file ------------------------------------------------------------------------------------------------------
@@ -256,7 +263,7 @@ def scan_file(path: str, vendored: bool, selected: Sequence[Type[Rule]]) -> File
         for rule in interested:
             if any(fnmatch.fnmatch(name, p) for p in rule.file_patterns):
                 result.findings.extend(rule().check_text(source_text))
-    lines = text.splitlines()
+    lines = split_lines(text)
     result.findings = sorted(
         {f for f in result.findings if not _suppressed(f, lines)}, key=lambda f: (f.line, f.column, f.code)
     )

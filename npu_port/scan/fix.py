@@ -36,6 +36,7 @@ class FileFix:
     new: Optional[str]
     fixed: List[Finding] = field(default_factory=list)
     left: List[Finding] = field(default_factory=list)
+    problem: Optional[str] = None  # why the file was left as it was, when a rewrite went wrong
 
     def diff(self) -> str:
         if self.new is None:
@@ -119,11 +120,17 @@ def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False) ->
     if not wanted:
         result.left = found
         return result
-    new, done = _rewrite(text, wanted)
     try:
+        new, done = _rewrite(text, wanted)
         ast.parse(new, filename=path)
-    except SyntaxError as exc:  # a rule's rewrite is wrong: never write it
-        raise ScanError(f"{path}: the fixes would not parse ({exc.msg}, line {exc.lineno}); nothing written") from None
+    except SyntaxError as exc:  # a rule's rewrite is wrong: never write it, say so, go on with the other files
+        result.left = found
+        result.problem = f"not fixed: the fixes would not parse ({exc.msg}, line {exc.lineno})"
+        return result
+    except RecursionError:  # libcst recurses; code nested past its limit is left as it is
+        result.left = found
+        result.problem = "not fixed: nested too deeply for the rewriter"
+        return result
     result.new = new if new != text else None
     result.fixed = done
     result.left = [f for f in found if f not in done]

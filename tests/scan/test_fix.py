@@ -140,7 +140,7 @@ def test_each_safe_fix_writes_what_means_the_same_on_cuda(tmp_path):
         "",
         "def run(x, rank):",
         "    npu_port.device.synchronize()",
-        '    y = x.to(f"{npu_port.get_device().type}:1", non_blocking=True)',
+        "    y = x.to(f'{npu_port.get_device().type}:1', non_blocking=True)",
         "    z = torch.zeros(1, device=npu_port.get_device().type)",
         "    dist.init_process_group(backend=npu_port.distributed.default_backend())",
         "    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH, "
@@ -174,3 +174,30 @@ def test_ctrl_c_during_fix_write_leaves_each_file_fixed_or_as_it_was(tmp_path, m
 
 
 FIXED_SMALL = "import torch\nimport npu_port\n\ndef f(x):\n    return x.to(npu_port.get_device().type)\n"
+
+
+def test_a_symlinked_source_is_fixed_where_it_points_and_the_link_stays(tmp_path):
+    shared = tmp_path / "shared.py"
+    shared.write_text("import torch\ndef f(x):\n    return x.cuda()\n")
+    (tmp_path / "project").mkdir()
+    link = tmp_path / "project" / "lib.py"
+    link.symlink_to(shared)
+    fix([str(tmp_path / "project")], write=True)
+    assert link.is_symlink() and shared.read_text() == FIXED_SMALL
+
+
+def test_fix_cases_that_are_not_safe_stay_manual_and_one_bad_file_does_not_stop_the_others(tmp_path, capsys):
+    (tmp_path / "a.py").write_text("import torch\ndef f(x):\n    return x.cuda()\n")
+    (tmp_path / "b.py").write_text(
+        "import torch\n"
+        "def g(x):\n"
+        "    s = x.untyped_storage().cuda()\n"  # a storage: its .to() takes no device
+        "    return f\"{x.to('cuda:0')}\"\n"  # inside an f-string: the original quote keeps it valid
+    )
+    assert main(["fix", str(tmp_path), "--write"]) == 0
+    assert (tmp_path / "a.py").read_text() == FIXED_SMALL
+    fixed_b = (tmp_path / "b.py").read_text()
+    assert "x.untyped_storage().cuda()" in fixed_b
+    assert "f\"{x.to(f'{npu_port.get_device().type}:0')}\"" in fixed_b
+    ast.parse(fixed_b)
+    assert "storage.cuda()` needs a CUDA device" in capsys.readouterr().err

@@ -210,3 +210,30 @@ def test_in_a_git_checkout_committed_files_count_even_where_gitignore_matches(tm
     git("add", "-f", "sat/model.py", "src/ok.py", ".gitignore")
     found = sorted(os.path.relpath(f.path, tmp_path) for f in scan([str(tmp_path)]).findings)
     assert found == [os.path.join("sat", "model.py"), os.path.join("src", "ok.py")]  # scratch/ is untracked: ignored
+
+
+def test_lines_are_counted_as_python_counts_them_form_feeds_included(tmp_path):
+    _tree(tmp_path, {"ff.py": "import torch\n\x0c\ndef f(x):\n    return x.cuda()  # npu-port: ignore\n"})
+    assert scan([str(tmp_path)]).findings == []  # the suppression is on the finding's own line
+    _tree(tmp_path, {"ff.py": "import torch\n\x0c\ndef f(x):\n    return x.cuda()\n"})
+    (finding,) = scan([str(tmp_path)]).findings
+    assert (finding.line, finding.column, finding.snippet) == (4, 12, "return x.cuda()")
+
+
+def test_a_file_given_twice_or_inside_a_given_folder_is_scanned_once_and_fifos_are_skipped(tmp_path):
+    _tree(tmp_path, {"a.py": CUDA_LINE})
+    os.mkfifo(tmp_path / "pipe.py")
+    result = scan([str(tmp_path), str(tmp_path / "a.py"), str(tmp_path / "." / "a.py")])
+    assert len(result.files) == 1 and len(result.findings) == 1
+
+
+def test_the_report_goes_through_a_symlink_and_a_folder_is_a_clear_error(tmp_path, capsys):
+    _tree(tmp_path, {"a.py": CUDA_LINE})
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    link = tmp_path / "report.json"
+    link.symlink_to(real)
+    assert main(["scan", str(tmp_path / "a.py"), "--format", "json", "-o", str(link)]) == 0
+    assert link.is_symlink() and json.loads(real.read_text())["counts"]["handled"] == 1
+    assert main(["scan", str(tmp_path / "a.py"), "-o", str(tmp_path)]) == 2
+    assert "cannot write the report to" in capsys.readouterr().err

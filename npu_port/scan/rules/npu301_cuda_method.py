@@ -8,6 +8,9 @@ from typing import Any, Iterator, Optional
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
 
+#: Methods giving a storage, whose ``.cuda()`` has no ``.to(device)`` equivalent.
+STORAGES = ("untyped_storage", "storage", "_typed_storage")
+
 
 @register_rule
 class CudaMethod(Rule):
@@ -43,7 +46,16 @@ class CudaMethod(Rule):
                 and node.func.attr == "cuda"
                 and source.resolve(node.func.value) not in ("torch", "torch.cuda")  # torch.cuda is the module
             ):
-                if node.args or any(k.arg in ("device", None) for k in node.keywords):  # a device index or **kw
+                receiver = node.func.value
+                if (
+                    isinstance(receiver, ast.Call)
+                    and isinstance(receiver.func, ast.Attribute)
+                    and (receiver.func.attr in STORAGES)
+                ):  # a storage's .cuda(): its .to() takes no device
+                    yield source.finding(
+                        self, node, "`storage.cuda()` needs a CUDA device; move the tensor instead", fix="manual"
+                    )
+                elif node.args or any(k.arg in ("device", None) for k in node.keywords):  # a device index or **kw
                     yield source.finding(
                         self,
                         node,

@@ -142,5 +142,6 @@ class CudaDeviceLiteral(Rule):
         if text == "cuda":
             return cst.parse_expression("npu_port.get_device().type")
         if _INDEXED.fullmatch(text):
-            return cst.parse_expression('f"{npu_port.get_device().type}:' + text.split(":")[1] + '"')
+            quote = node.quote  # the original's: valid where it stood (inside another f-string's braces, say)
+            return cst.parse_expression(f"f{quote}{{npu_port.get_device().type}}:{text.split(':')[1]}{quote}")
         return None
