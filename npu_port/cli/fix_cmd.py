@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .scan_cmd import add_rule_selection, codes
+
 NEEDS_TORCH = False  # rewriting code needs no torch
 
 
@@ -19,12 +21,7 @@ def add_parser(commands) -> None:
     parser.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (default: .)")
     parser.add_argument("--write", action="store_true", help="change the files (default: print the diff only)")
     parser.add_argument("--unsafe-fixes", action="store_true", help="also apply fixes that may change behaviour")
-    parser.add_argument("--select", default="", help="comma list of codes or prefixes to fix (default: all)")
-    parser.add_argument("--ignore", default="", help="comma list of codes or prefixes not to fix")
-
-
-def _codes(value: str):
-    return [part.strip().upper() for part in value.split(",") if part.strip()]
+    add_rule_selection(parser, "fix")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,8 +30,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         fixes = fix(
             args.paths or ["."],
-            select=_codes(args.select),
-            ignore=_codes(args.ignore),
+            select=codes(args.select),
+            ignore=codes(args.ignore),
             unsafe=args.unsafe_fixes,
             write=args.write,
         )

@@ -22,8 +22,7 @@ def add_parser(commands) -> None:
     parser.add_argument("--markdown", action="store_true", help="with --rules: the Markdown table (README's)")
     parser.add_argument("--format", choices=("text", "json", "csv", "sarif"), default="text")
     parser.add_argument("--output", "-o", metavar="FILE", help="write the report here (atomically) instead of stdout")
-    parser.add_argument("--select", default="", help="comma list of codes or prefixes to run (default: all)")
-    parser.add_argument("--ignore", default="", help="comma list of codes or prefixes not to run")
+    add_rule_selection(parser, "run")
     parser.add_argument(
         "--fail-on",
         choices=SEVERITY_CHOICES,
@@ -35,7 +34,14 @@ def add_parser(commands) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _codes(value: str):
+def add_rule_selection(parser, verb: str) -> None:
+    """``--select`` / ``--ignore``, as scan and fix both take them (codes or prefixes, ruff's convention)."""
+    parser.add_argument("--select", default="", help=f"comma list of codes or prefixes to {verb} (default: all)")
+    parser.add_argument("--ignore", default="", help=f"comma list of codes or prefixes not to {verb}")
+
+
+def codes(value: str):
+    """``"npu3, NPU101"`` -> ``["NPU3", "NPU101"]``."""
     return [part.strip().upper() for part in value.split(",") if part.strip()]
 
 
@@ -54,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = scan(
             args.paths or ["."],
-            select=_codes(args.select),
-            ignore=_codes(args.ignore),
+            select=codes(args.select),
+            ignore=codes(args.ignore),
             jobs=args.jobs,
             progress=not args.no_progress and sys.stderr.isatty(),
         )

@@ -3,17 +3,19 @@
 One engine for scanning and fixing: the scan (our resolver) decides *where*; a rule with a fix implements
 :meth:`Rule.rewrite` for the libcst node found at exactly that place (start and end), and lists the imports the
 rewrite needs (``fix_imports``), which libcst's ``AddImportsVisitor`` adds once, after the file's own imports. A
-rewrite returning None leaves that place as it is (the finding stays, its fix kind ``manual``).
+rewrite returning None leaves that place as it is: the finding is listed with the manual ones.
 
-The result is checked before anything is written: it must parse, and scanning it again must find no safe fix left
-undone — so a second run changes nothing. ``--write`` replaces each file atomically (a temporary file in the same
-folder, renamed over it, with the file's permissions), one file at a time: Ctrl-C leaves every file either as it was
-or fully fixed. By default nothing is written: the unified diff is the output (a dry run).
+The result is checked before anything is written: it must parse (a file whose rewrite would not is left as it was,
+and named). The fixed code has no safe fix left for a second run to make (``tests/scan/test_fix.py`` holds every
+safe rewrite to that, and to parsing, with a property test). ``--write`` replaces each file atomically (a temporary
+file in the same folder, renamed over it, with the file's permissions), one file at a time: Ctrl-C leaves every file
+either as it was or fully fixed. By default nothing is written: the unified diff is the output (a dry run).
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import os
 import stat
@@ -133,7 +135,10 @@ def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False) ->
         return result
     result.new = new if new != text else None
     result.fixed = done
-    result.left = [f for f in found if f not in done]
+    attempted = {f for pairs in wanted.values() for _, f in pairs}
+    result.left = [  # a fix the rewrite could not make is said, with the manual ones
+        dataclasses.replace(f, fix="manual") if f in attempted else f for f in found if f not in done
+    ]
     return result
 
 

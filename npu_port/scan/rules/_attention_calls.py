@@ -35,11 +35,6 @@ XFORMERS_ATTENTION = {
 }
 
 
-def resolve(source: PythonFile, node: ast.AST) -> Optional[str]:
-    """``source.resolve`` (the core keeps an import's meaning through ``name = None`` in its except)."""
-    return source.resolve(node)
-
-
 def flash_calls(source: PythonFile) -> Iterator[Tuple[ast.Call, str]]:
     """``(call, function name)`` for every call of a flash_attn function the drop-in serves."""
     for call, name in source.calls():
