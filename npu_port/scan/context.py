@@ -36,6 +36,31 @@ def split_lines(text: str) -> List[str]:
 
 _SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
+#: Fields that never hold a node a rule reads: names and numbers (``id``, ``attr``, ...), and the shared singleton
+#: contexts and operators (``ctx``, ``op``, ``ops``: one ``ast.Load()`` object serves every read in the file). Not
+#: walking them is a third of the tree's nodes; rules read ``BinOp.op`` from the node itself.
+_NOT_CHILDREN = frozenset(
+    ("id", "attr", "name", "arg", "asname", "module", "level", "kind", "type_comment", "conversion", "is_async")
+    + ("ctx", "op", "ops", "tag", "simple", "lineno", "col_offset", "end_lineno", "end_col_offset")
+)
+_CHILD_FIELDS: Dict[type, Tuple[str, ...]] = {}
+
+
+def _child_fields(kind: type) -> Tuple[str, ...]:
+    """The fields of an ast node class that can hold child nodes (a constant's ``value`` is a Python value)."""
+    fields = _CHILD_FIELDS.get(kind)
+    if fields is None:
+        skip = _NOT_CHILDREN | ({"value"} if kind in (ast.Constant, ast.MatchSingleton) else set())
+        fields = _CHILD_FIELDS[kind] = tuple(f for f in kind._fields if f not in skip)
+    return fields
+
+
+#: Names that, bound by nothing but a ``from ... import *``, are what every Python file means by them.
+_STAR_CONVENTIONS = frozenset(("torch",))
+
+#: Statements that bind a name where they stand, in the scope they are in.
+_BINDERS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
+
 
 @dataclass
 class TextFile:
@@ -67,7 +92,7 @@ class TextFile:
 
 @dataclass
 class PythonFile:
-    """A parsed Python file: ``tree``, ``parents`` (node -> parent) and :meth:`resolve`."""
+    """A parsed Python file: ``tree``, ``parents`` (node -> parent), :meth:`of` (nodes by type) and :meth:`resolve`."""
 
     path: str
     text: str
@@ -76,58 +101,91 @@ class PythonFile:
     _bindings: Dict[ast.AST, Dict[str, str]] = field(default_factory=dict)
     #: What rules compute from the whole file, once per file (every call resolved, the imports, ...).
     memo: Dict[str, Any] = field(default_factory=dict)
-    #: Every node of the tree, in ``ast.walk`` order: walked once here, read by every rule (walking the tree once per
-    #: rule was most of a scan's time).
+    #: Every node of the tree a rule can read, in ``ast.walk`` order (without contexts and operators): walked once
+    #: here, read by every rule (walking the tree once per rule was most of a scan's time).
     nodes: List[ast.AST] = field(default_factory=list)
+    #: node -> the innermost function, lambda, class or module containing it (see :meth:`scope_of`).
+    _scopes: Dict[ast.AST, ast.AST] = field(default_factory=dict)
+    #: node type -> the nodes of exactly that type, in walk order (see :meth:`of`).
+    _by_type: Dict[type, List[ast.AST]] = field(default_factory=dict)
+    _lines: Optional[List[str]] = None
 
     @classmethod
     def parse(cls, path: str, text: str) -> "PythonFile":
         """Parse ``text`` (a SyntaxError propagates: the engine reports it as a finding)."""
         source = cls(path, text, ast.parse(text, filename=path))
-        nodes: List[ast.AST] = [source.tree]
+        tree = source.tree
+        nodes: List[ast.AST] = [tree]
         parents = source.parents
+        scopes = source._scopes
+        by_type = source._by_type
         AST = ast.AST
-        for node in nodes:  # one breadth-first pass (ast.walk's order) that also records each node's parent
-            for name in node._fields:
+        scope_kinds = frozenset(_SCOPES)
+        fields_of = _CHILD_FIELDS
+        for node in nodes:  # one breadth-first pass (ast.walk's order) recording parents, scopes and types
+            kind = type(node)
+            same = by_type.get(kind)
+            if same is None:
+                by_type[kind] = [node]
+            else:
+                same.append(node)
+            inner = node if kind in scope_kinds else scopes.get(node, tree)
+            fields = fields_of.get(kind)
+            if fields is None:
+                fields = _child_fields(kind)
+            for name in fields:
                 value = getattr(node, name, None)
-                if isinstance(value, AST):
-                    parents[value] = node
-                    nodes.append(value)
-                elif isinstance(value, list):
+                if value.__class__ is list:
                     for item in value:
                         if isinstance(item, AST):
                             parents[item] = node
+                            scopes[item] = inner
                             nodes.append(item)
+                elif isinstance(value, AST):
+                    parents[value] = node
+                    scopes[value] = inner
+                    nodes.append(value)
         source.nodes = nodes
         source._bind()
         return source
 
+    def of(self, *kinds: type) -> List[ast.AST]:
+        """The nodes of exactly these types (``ast.Call``, ``ast.Constant``, ...), in walk order; the rules' way to
+        visit what they look at without testing every node of the file."""
+        if len(kinds) == 1:
+            return self._by_type.get(kinds[0], [])
+        key = ("of",) + kinds
+        found = self.memo.get(key)  # type: ignore[call-overload]
+        if found is None:
+            wanted = set(kinds)
+            found = [node for node in self.nodes if type(node) in wanted] if any(map(self._by_type.get, kinds)) else []
+            self.memo[key] = found  # type: ignore[index]
+        return found
+
     @property
     def lines(self) -> List[str]:
-        return split_lines(self.text)
+        """The file's lines (split once: every finding reads them)."""
+        if self._lines is None:
+            self._lines = split_lines(self.text)
+        return self._lines
 
     # ---- name resolution ----------------------------------------------------------------------------------------
 
     def scope_of(self, node: ast.AST) -> ast.AST:
         """The innermost function, lambda, class or module containing ``node``."""
-        parent = self.parents.get(node)
-        while parent is not None and not isinstance(parent, _SCOPES):
-            parent = self.parents.get(parent)
-        return parent if parent is not None else self.tree
+        return self._scopes.get(node, self.tree)
 
     def _bind(self) -> None:
         """Record what each name means in each scope, in the order the statements appear: a later import, ``def`` or
-        assignment wins, as it would when the module runs — except ``name = None`` after an import of ``name``
-        (``try: import flash_attn`` / ``except ImportError: flash_attn = None``), which keeps the import: where the
-        name is used, it is the library's when it is anything."""
-        events: List[ast.AST] = []
-        for node in self.nodes:
-            if isinstance(node, _SCOPES):
-                self._bindings.setdefault(node, {})
-            if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                events.append(node)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-                events.append(node)
+        assignment wins, as it would when the module runs — except where the later binding is the stand-in of a
+        library name bound before it: ``name = None`` after an import of ``name`` (``try: import flash_attn`` /
+        ``except ImportError: flash_attn = None``), and any binding in the ``except`` of a ``try`` or the ``else`` of an
+        ``if`` whose other branch bound the library's name (``try: autocast = torch.cuda.amp.autocast`` / ``except
+        AttributeError: class autocast: ...``). Where the name is used, it is the library's wherever the library is
+        there: that is what the code does on the machine it was written for."""
+        for node in self._by_type.get(ast.Module, ()):
+            self._bindings.setdefault(node, {})
+        events: List[ast.AST] = [n for kind in _BINDERS for n in self._by_type.get(kind, ())]
         events.sort(key=lambda n: (n.lineno, n.col_offset))
         for node in events:
             table = self._bindings.setdefault(self.scope_of(node), {})
@@ -138,13 +196,17 @@ class PythonFile:
                     else:
                         top = alias.name.split(".")[0]
                         table[top] = top
-            elif isinstance(node, ast.ImportFrom):
+                continue
+            stand_in = self._in_alternative_branch(node)
+            if isinstance(node, ast.ImportFrom):
                 module = ("." * node.level) + (node.module or "")
                 for alias in node.names:
-                    if alias.name != "*":
-                        table[alias.asname or alias.name] = LOCAL if node.level else f"{module}.{alias.name}"
+                    bound = alias.asname or alias.name
+                    if alias.name != "*" and not (stand_in and table.get(bound, LOCAL) != LOCAL):
+                        table[bound] = LOCAL if node.level else f"{module}.{alias.name}"
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                table[node.name] = LOCAL
+                if not (stand_in and table.get(node.name, LOCAL) != LOCAL):
+                    table[node.name] = LOCAL
                 if not isinstance(node, ast.ClassDef):
                     arguments = node.args
                     own = self._bindings.setdefault(node, {})
@@ -153,16 +215,28 @@ class PythonFile:
                     for extra in (arguments.vararg, arguments.kwarg):
                         if extra is not None:
                             own[extra.arg] = LOCAL
-            else:  # an assignment
+            elif node.value is not None:  # an assignment
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 value = self.resolve(node.value) if isinstance(node.value, (ast.Name, ast.Attribute)) else None
-                placeholder = isinstance(node.value, ast.Constant) and node.value.value is None
+                placeholder = stand_in or (isinstance(node.value, ast.Constant) and node.value.value is None)
                 for target in targets:
                     if not isinstance(target, ast.Name):
                         continue
                     if placeholder and table.get(target.id, LOCAL) != LOCAL:
-                        continue  # `flash_attn = None` in the except of its import: the import's meaning stays
+                        continue  # a stand-in for a library name: the library's meaning stays
                     table[target.id] = value or LOCAL
+
+    def _in_alternative_branch(self, node: ast.AST) -> bool:
+        """Whether ``node`` stands in the ``except`` of a ``try`` or the ``else`` of an ``if`` (in the same scope):
+        the place of a stand-in for what the other branch binds."""
+        child, parent = node, self.parents.get(node)
+        while parent is not None and not isinstance(parent, _SCOPES):
+            if isinstance(parent, ast.ExceptHandler):
+                return True
+            if isinstance(parent, ast.If) and any(child is s for s in parent.orelse):
+                return True
+            child, parent = parent, self.parents.get(parent)
+        return False
 
     def binding(self, name: str, at: ast.AST) -> Optional[str]:
         """What ``name`` means at ``at``: a qualified name, :data:`LOCAL`, or None (a builtin or undefined)."""
@@ -172,7 +246,12 @@ class PythonFile:
             if name in table:
                 return table[name]
             scope = self.scope_of(scope) if scope is not self.tree else None
+        if name in _STAR_CONVENTIONS and self._star_import():
+            return name  # `from .layers import *` brought the module's `torch` along (CogVideo's rife/RIFE.py)
         return None
+
+    def _star_import(self) -> bool:
+        return any(a.name == "*" for node in self._by_type.get(ast.ImportFrom, ()) for a in node.names)
 
     def resolve(self, node: ast.AST) -> Optional[str]:
         """The qualified name of a ``Name`` / ``Attribute`` chain (``torch.cuda.synchronize``), or of a call's

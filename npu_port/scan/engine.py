@@ -5,6 +5,7 @@
   lists (committed files always count: git ignores only untracked ones), elsewhere ``.gitignore`` files read with
   pathspec (git's own pattern rules). Folders that hold someone else's code (``third_party``, ``vendor``,
   ``external``, ``site-packages``, ...) are scanned but reported apart: their findings are not the project's to fix.
+  So are a checkout's submodules (and checkouts nested in it), which git lists as one folder each.
 - Reading: the encoding a Python file declares (PEP 263) or UTF-8, a byte-order mark dropped; a file that cannot be
   decoded or parsed is a finding (NPU001), never a crash.
 - Rules: a file is parsed (Python's own parser), its names resolved and rules run only when it contains one of some
@@ -127,7 +128,8 @@ def _ignored(specs: List[Tuple[Path, object]], path: Path, is_folder: bool) -> b
 def _git_files(root: Path) -> Optional[List[str]]:
     """The files git knows under ``root`` — tracked ones, and untracked ones ``.gitignore`` does not exclude — or
     None outside a git checkout (or without git). Git ignores only untracked files: a committed file in a folder a
-    ``.gitignore`` names (CogVideo ignores ``**/sat``, whose 67 files are committed) is part of the project."""
+    ``.gitignore`` names (CogVideo ignores ``**/sat``, whose 67 files are committed) is part of the project. A
+    submodule (or a nested checkout) is listed as its folder."""
     import subprocess
 
     try:
@@ -142,7 +144,7 @@ def _git_files(root: Path) -> Optional[List[str]]:
     if done.returncode != 0:
         return None
     names = [n for n in done.stdout.decode("utf-8", "surrogateescape").split("\0") if n]
-    return sorted(str(root / name) for name in names if (root / name).is_file())
+    return sorted(str(root / name) for name in names if (root / name).is_file() or (root / name / ".git").exists())
 
 
 def discover(paths: Sequence[str], patterns: Sequence[str] = ()) -> List[Tuple[str, bool]]:
@@ -161,7 +163,9 @@ def discover(paths: Sequence[str], patterns: Sequence[str] = ()) -> List[Tuple[s
                 parts = set(Path(os.path.relpath(path, root)).parts[:-1])
                 if parts & set(SKIPPED) or any(p.startswith(".") for p in parts):
                     continue
-                if _wanted(os.path.basename(path), patterns):
+                if os.path.isdir(path):  # a submodule: someone else's code, read and reported as vendored
+                    found.extend((inner, True) for inner, _ in discover([path], patterns))
+                elif _wanted(os.path.basename(path), patterns):
                     found.append((path, bool(parts & set(VENDORED))))
             continue
         specs: List[Tuple[Path, object]] = []
@@ -213,15 +217,25 @@ def _suppressed(finding: Finding, lines: List[str]) -> bool:
     return codes is None or finding.code in {c.strip().upper() for c in codes.split(",")}
 
 
-_TRIGGERS: Dict[Type[Rule], "re.Pattern[str]"] = {}
+def _interested(selected: Sequence[Type[Rule]], text: str, python: bool) -> List[Type[Rule]]:
+    """The rules that want to read this file: a rule of its kind (Python rules ``.py`` files, text rules the files
+    they name) with a trigger in its text. Each distinct trigger is looked for once per file (``in``: a fast
+    substring search; one regex alternation of all triggers scanned the text once per rule, and was slower)."""
+    present: Dict[object, bool] = {}
+    if not text.endswith("\n"):
+        text += "\n"  # a trigger that ends a line ends the last one too
 
+    def has(trigger) -> bool:
+        found = present.get(trigger)
+        if found is None:
+            found = present[trigger] = trigger in text if trigger.__class__ is str else bool(trigger.search(text))
+        return found
 
-def _trigger(rule: Type[Rule]) -> "re.Pattern[str]":
-    """One compiled pattern of the rule's triggers (a regex search is far faster than a loop of ``in`` tests)."""
-    pattern = _TRIGGERS.get(rule)
-    if pattern is None:
-        pattern = _TRIGGERS[rule] = re.compile("|".join(re.escape(t) for t in rule.triggers))
-    return pattern
+    return [
+        r
+        for r in selected
+        if r is not SyntaxRule and (bool(r.file_patterns) != python) and any(has(t) for t in r.triggers)
+    ]
 
 
 def scan_file(path: str, vendored: bool, selected: Sequence[Type[Rule]]) -> FileResult:
@@ -236,13 +250,7 @@ def scan_file(path: str, vendored: bool, selected: Sequence[Type[Rule]]) -> File
         if SyntaxRule in selected:
             result.findings.append(TextFile(path, "").finding(SyntaxRule(), 1, f"cannot be read ({exc}); not scanned"))
         return result
-    interested = [
-        r
-        for r in selected
-        if r is not SyntaxRule
-        and (bool(r.file_patterns) != python)  # text rules read the files they name, Python rules .py files
-        and _trigger(r).search(text) is not None
-    ]
+    interested = _interested(selected, text, python)
     unreadable = SyntaxRule in selected
     if python:
         if not interested:  # mentions nothing any rule looks for: not even parsed (most files of a big tree)
@@ -263,10 +271,12 @@ def scan_file(path: str, vendored: bool, selected: Sequence[Type[Rule]]) -> File
         for rule in interested:
             if any(fnmatch.fnmatch(name, p) for p in rule.file_patterns):
                 result.findings.extend(rule().check_text(source_text))
-    lines = split_lines(text)
-    result.findings = sorted(
-        {f for f in result.findings if not _suppressed(f, lines)}, key=lambda f: (f.line, f.column, f.code)
-    )
+    if result.findings:
+        found = set(result.findings)
+        if _SUPPRESSION.search(text) is not None:  # the file has a suppression comment
+            lines = source.lines if python else split_lines(text)
+            found = {f for f in found if not _suppressed(f, lines)}
+        result.findings = sorted(found, key=lambda f: (f.line, f.column, f.code))
     return result
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, Iterator, List, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, Iterator, List, Optional, Pattern, Tuple, Type, Union
 
 if TYPE_CHECKING:  # imported for annotations only: the contexts import this module
     from .context import PythonFile, TextFile
@@ -69,7 +69,9 @@ class Rule:
     it finds, why it matters, an example), shown by ``npu-port scan --rules`` and the README's rule table.
 
     ``triggers``: substrings at least one of which a file must contain for the rule to look at it — the scan parses
-    only files some rule may match, which is what keeps a 5,000-file tree fast.
+    only files some rule may match, which is what keeps a 5,000-file tree fast. A trigger may also be a compiled
+    regular expression, for a word that is everywhere in one use and rare in the one the rule reads (``._C`` is in
+    every ``torch._C`` call; an import of a compiled ``_C`` module is what NPU104 looks for).
     """
 
     code: ClassVar[str] = ""
@@ -79,7 +81,7 @@ class Rule:
     targets: ClassVar[Tuple[str, ...]] = ("npu", "cpu")
     fix: ClassVar[str] = "manual"
     handled_by: ClassVar[Optional[str]] = None
-    triggers: ClassVar[Tuple[str, ...]] = ()
+    triggers: ClassVar[Tuple[Union[str, Pattern[str]], ...]] = ()
     #: Globs (matched against the file name) of the non-Python files :meth:`check_text` reads; empty: Python only.
     file_patterns: ClassVar[Tuple[str, ...]] = ()
 

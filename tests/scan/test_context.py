@@ -35,6 +35,39 @@ def _calls(text: str):
             "flash_attn.flash_attn_func",
         ),
         ("import torch\ndef f(torch):\n    torch.cuda.synchronize()", "torch.cuda.synchronize", None),
+        # a stand-in bound in the other branch of an if/else or try/except keeps the library's meaning
+        (
+            "try:\n    from flash_attn import f\nexcept ImportError:\n    def f(q):\n        pass\nf(1)",
+            "f",
+            "flash_attn.f",
+        ),
+        (
+            "import torch\ntry:\n    autocast = torch.cuda.amp.autocast\nexcept AttributeError:\n"
+            "    class autocast:\n        pass\nautocast()",
+            "autocast",
+            "torch.cuda.amp.autocast",
+        ),
+        (
+            "if new:\n    from torch.backends.cuda import sdp_kernel\nelif mid:\n    sdp_kernel = a.b\nelse:\n"
+            "    sdp_kernel = None\nsdp_kernel()",
+            "sdp_kernel",
+            "torch.backends.cuda.sdp_kernel",
+        ),
+        (  # a redefinition that is no other branch is the file's own
+            "from torch.cuda.amp import autocast\nif old:\n    class autocast:\n        pass\nautocast()",
+            "autocast",
+            None,
+        ),
+        (  # an if/else inside a function is about the function's own names
+            "from torch.cuda.amp import autocast\ndef f():\n    if a:\n        pass\n    else:\n"
+            "        autocast = g\n    autocast()",
+            "autocast",
+            None,
+        ),
+        # `torch` bound by nothing but a star import is torch; other names are not guessed
+        ("from .layers import *\ntorch.cuda.synchronize()", "torch.cuda.synchronize", "torch.cuda.synchronize"),
+        ("from .layers import *\nnn.Linear()", "nn.Linear", None),
+        ("torch.cuda.synchronize()", "torch.cuda.synchronize", None),
         (
             "def f():\n    import torch\n    torch.cuda.synchronize()",
             "torch.cuda.synchronize",
@@ -74,3 +107,26 @@ def test_import_time_is_module_level_defaults_and_decorators_not_bodies_or_main(
         if name == "torch.cuda.current_device" and source.at_import_time(call)
     )
     assert lines == [3, 4, 6, 10]
+
+
+def test_the_node_index_is_the_walk_without_contexts_and_operators():
+    """``nodes`` / ``of`` give what ``ast.walk`` gives, in its order, less the shared ``Load``/``Store`` contexts and
+    operator singletons (which no rule reads as nodes); every node has its parent and its scope."""
+    import npu_port.scan.context as context
+
+    text = open(context.__file__, encoding="utf-8").read()
+    source = PythonFile.parse("context.py", text)
+    singletons = (ast.expr_context, ast.operator, ast.unaryop, ast.boolop, ast.cmpop)
+    walked = [n for n in ast.walk(ast.parse(text)) if not isinstance(n, singletons)]
+    assert [type(n) for n in source.nodes] == [type(n) for n in walked]
+    assert [ast.unparse(n) for n in source.of(ast.Call)] == [ast.unparse(n) for n in walked if type(n) is ast.Call]
+    two = source.of(ast.Import, ast.ImportFrom)
+    assert [ast.unparse(n) for n in two] == [
+        ast.unparse(n) for n in walked if type(n) in (ast.Import, ast.ImportFrom)
+    ]
+    assert all(source.parents[n] is not None for n in source.nodes[1:])
+    for node in source.of(ast.Call):  # the scope is the innermost def/class/lambda/module, as a walk up finds it
+        up = source.parents[node]
+        while not isinstance(up, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            up = source.parents[up]
+        assert source.scope_of(node) is up

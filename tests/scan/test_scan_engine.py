@@ -212,6 +212,26 @@ def test_in_a_git_checkout_committed_files_count_even_where_gitignore_matches(tm
     assert found == [os.path.join("sat", "model.py"), os.path.join("src", "ok.py")]  # scratch/ is untracked: ignored
 
 
+@pytest.mark.e2e
+def test_a_submodule_or_nested_checkout_is_scanned_and_reported_as_vendored(tmp_path):
+    """``git ls-files`` lists a submodule as one entry, its folder: its files are someone else's code."""
+    _tree(tmp_path, {"src/ok.py": CUDA_LINE, "deps/flash/setup.py": CUDA_LINE, "deps/empty/.keep": ""})
+
+    def git(where, *args):
+        subprocess.run(["git", "-C", str(where), *args], check=True, capture_output=True)
+
+    git(tmp_path / "deps" / "flash", "init", "-q")
+    git(tmp_path / "deps" / "flash", "add", "setup.py")
+    git(tmp_path / "deps" / "flash", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "one")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "src/ok.py", "deps/flash")  # an embedded checkout: a gitlink entry, as a submodule is
+    result = scan([str(tmp_path)])
+    assert [os.path.relpath(f.path, tmp_path) for f in result.findings] == [os.path.join("src", "ok.py")]
+    assert [os.path.relpath(f.path, tmp_path) for f in result.vendored_findings] == [
+        os.path.join("deps", "flash", "setup.py")
+    ]
+
+
 def test_lines_are_counted_as_python_counts_them_form_feeds_included(tmp_path):
     _tree(tmp_path, {"ff.py": "import torch\n\x0c\ndef f(x):\n    return x.cuda()  # npu-port: ignore\n"})
     assert scan([str(tmp_path)]).findings == []  # the suppression is on the finding's own line

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import functools
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple
@@ -53,8 +54,14 @@ CUDA_ONLY_PACKAGES: Dict[str, str] = {
     "nvdiffrast": "nvdiffrast is CUDA-only: use a PyTorch rasterizer that runs on the target",
 }
 
-#: Substrings a file importing a compiled extension contains (the rules' triggers: ``_C`` alone is in every constant).
-EXTENSION_TRIGGERS = ("_cuda", "import _C", "._C", "amp_C", "import _ext", "._ext")
+#: What a file importing a compiled extension contains (the rules' triggers): a ``*_cuda`` name, or a ``_C`` /
+#: ``_ext`` module named on an import line (``import a._C``, ``from a._C import f``, ``from . import _C``, a
+#: parenthesised list), or in a string (``importlib.import_module("a._C")``). ``._C`` alone is in every ``torch._C``
+#: call, and made the scan parse most files of torch's tree for nothing.
+EXTENSION_TRIGGERS = (
+    "_cuda",
+    re.compile(r"^[ \t]*(?:import|from)[ \t][^\n#]*?_(?:C|ext)\b|^[ \t]*\w*_(?:C|ext)[ \t]*[,)]|_(?:C|ext)[\"']", re.M),
+)
 
 #: Top-level packages whose ``_C`` / ``*_cuda`` modules are not CUDA-only extensions.
 PORTABLE_TOPS = frozenset(
@@ -192,7 +199,7 @@ def imports(source: PythonFile) -> List[Import]:
 
 
 def _imports(source: PythonFile) -> Iterator[Import]:
-    for node in source.nodes:
+    for node in source.of(ast.Import, ast.ImportFrom, ast.Call):
         if isinstance(node, ast.Import):
             found: List[Import] = [Import(node, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -38,7 +38,7 @@ class DiffusersXformersSwitch(Rule):
     triggers = ("memory_efficient_attention_xformers", "enable_xformers_memory_efficient_attention")
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for node in source.nodes:
+        for node in source.of(ast.Call, ast.Assign, ast.AnnAssign):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _METHODS:
                 if node.func.attr == _METHODS[1] and node.args and _is_false(node.args[0]):
                     continue  # switching xformers off is harmless

@@ -36,7 +36,7 @@ class FlashAttention2Implementation(Rule):
     triggers = ("flash_attention_2", "flash_attention_3", "use_flash_attention_2")
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for node in source.nodes:
+        for node in source.of(ast.keyword, ast.Dict, ast.Assign):
             if isinstance(node, ast.keyword) and node.arg in _KEYS and _flash_value(node.value):
                 yield self._finding(source, node.value)
             elif isinstance(node, ast.keyword) and node.arg == "use_flash_attention_2" and not _false(node.value):

@@ -39,10 +39,9 @@ class CudaMethod(Rule):
     fix_imports = ("npu_port",)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for node in source.nodes:
+        for node in source.of(ast.Call):
             if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
+                isinstance(node.func, ast.Attribute)
                 and node.func.attr == "cuda"
                 and source.resolve(node.func.value) not in ("torch", "torch.cuda")  # torch.cuda is the module
             ):

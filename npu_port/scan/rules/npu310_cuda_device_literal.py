@@ -72,7 +72,7 @@ class CudaDeviceLiteral(Rule):
     triggers = ("cuda",)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for node in source.nodes:
+        for node in source.of(ast.Call, ast.Assign, ast.AnnAssign, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda):
             literal = None
             if isinstance(node, ast.Call):
                 literal = self._in_call(source, node)

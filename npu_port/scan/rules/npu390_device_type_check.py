@@ -71,7 +71,7 @@ class DeviceTypeCheck(Rule):
     triggers = ("is_cuda", '"cuda"', "'cuda'")  # a comparison with the literal, or an is_cuda read
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for node in source.nodes:
+        for node in source.of(ast.Compare, ast.Attribute):
             if isinstance(node, ast.Compare) and cuda_type_side(node) is not None:
                 yield source.finding(self, node)
             elif is_cuda_read(node):

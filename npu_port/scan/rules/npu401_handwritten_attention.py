@@ -50,8 +50,7 @@ class HandwrittenAttention(Rule):
     triggers = ("softmax",)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        scopes = [source.tree] + [n for n in source.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        for scope in scopes:
+        for scope in _softmax_scopes(source):
             flow = _Flow(source)
             flow.run(scope.body)
             for node, score_line, softmax_line in flow.found:
@@ -195,6 +194,27 @@ class _Flow:
         if isinstance(node.func, ast.Call) and self.source.resolve(node.func) == "torch.nn.Softmax":
             return node.args[0] if node.args else None  # nn.Softmax(dim=-1)(x)
         return None
+
+
+def _softmax_scopes(source: PythonFile) -> List[ast.AST]:
+    """The module and the functions whose own statements call something softmax-like: only there can a flow find
+    probabilities (each flow stays out of nested functions). Most functions of a file that mentions ``softmax``
+    call none, and following every statement of each was most of this rule's time."""
+    scopes: Dict[int, ast.AST] = {}
+    for call, name in source.calls():
+        func = call.func
+        if not (
+            name in _SOFTMAXES
+            or (isinstance(func, ast.Name) and "softmax" in func.id)
+            or (isinstance(func, ast.Attribute) and "softmax" in func.attr.lower())
+            or isinstance(func, ast.Call)  # nn.Softmax(dim=-1)(x)
+        ):
+            continue
+        scope = source.scope_of(call)
+        while not isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
+            scope = source.scope_of(scope)
+        scopes.setdefault(id(scope), scope)
+    return sorted(scopes.values(), key=lambda s: getattr(s, "lineno", 0))
 
 
 def _is_baddbmm(source: PythonFile, node: ast.AST) -> bool:
