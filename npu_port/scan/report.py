@@ -8,8 +8,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from collections import defaultdict
+from pathlib import Path
 from typing import Dict, List
+from urllib.parse import quote
 
 from .._version import __version__
 from .engine import ScanResult
@@ -95,6 +98,21 @@ def csv_report(result: ScanResult) -> str:
     return buffer.getvalue()
 
 
+#: The base the relative ``uri`` of every SARIF location is read against: the folder the scan ran in (GitHub code
+#: scanning resolves it against the checkout's root, which is where a CI job runs ``npu-port scan .``).
+SARIF_ROOT = "%SRCROOT%"
+
+
+def _sarif_location(path: str) -> Dict[str, str]:
+    """A SARIF ``artifactLocation``: a relative, percent-encoded URI under the working folder, else a ``file://`` URI
+    (a path as given — absolute, with spaces, ``#`` or bytes that are not UTF-8 — is not a valid URI reference)."""
+    absolute = os.path.abspath(path)
+    relative = os.path.relpath(absolute)
+    if relative != ".." and not relative.startswith(".." + os.sep):
+        return {"uri": quote(os.fsencode(relative.replace(os.sep, "/"))), "uriBaseId": SARIF_ROOT}
+    return {"uri": Path(absolute).as_uri()}
+
+
 def sarif_report(result: ScanResult) -> str:
     catalogue = [r for r in rules() if r.code in result.selected]
     index = {r.code: i for i, r in enumerate(catalogue)}
@@ -109,7 +127,7 @@ def sarif_report(result: ScanResult) -> str:
                 "locations": [
                     {
                         "physicalLocation": {
-                            "artifactLocation": {"uri": f.path.replace("\\", "/")},
+                            "artifactLocation": _sarif_location(f.path),
                             "region": {
                                 "startLine": f.line,
                                 "startColumn": f.column,
@@ -146,6 +164,7 @@ def sarif_report(result: ScanResult) -> str:
                         ],
                     }
                 },
+                "originalUriBaseIds": {SARIF_ROOT: {"uri": Path.cwd().as_uri() + "/"}},
                 "results": results,
             }
         ],

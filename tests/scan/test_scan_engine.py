@@ -137,6 +137,26 @@ def test_sarif_is_2_1_0_with_every_rule_and_located_results(tmp_path):
     assert region["startLine"] == 3 and region["startColumn"] >= 1 and region["endColumn"] >= region["startColumn"]
 
 
+def test_sarif_locations_are_uris_relative_to_the_folder_it_ran_in(tmp_path, monkeypatch):
+    """GitHub code scanning reads ``uri`` against the checkout's root: relative and percent-encoded under the
+    working folder (spaces, ``#``, bytes that are not UTF-8), an absolute ``file://`` URI outside it."""
+    _tree(tmp_path, {"src/sp ace#1.py": CUDA_LINE})
+    (tmp_path / os.fsdecode(b"src/\xffbad.py")).write_text(CUDA_LINE)
+    outside = tmp_path / "elsewhere"
+    _tree(outside, {"b.py": CUDA_LINE})
+    monkeypatch.chdir(tmp_path / "src")
+    run = json.loads(report.sarif_report(scan([".", str(outside)])))["runs"][0]
+    uris = sorted(json.dumps(r["locations"][0]["physicalLocation"]["artifactLocation"]) for r in run["results"])
+    assert uris == sorted(
+        [
+            json.dumps({"uri": "%FFbad.py", "uriBaseId": "%SRCROOT%"}),
+            json.dumps({"uri": "sp%20ace%231.py", "uriBaseId": "%SRCROOT%"}),
+            json.dumps({"uri": (outside / "b.py").as_uri()}),
+        ]
+    )
+    assert run["originalUriBaseIds"] == {"%SRCROOT%": {"uri": (tmp_path / "src").as_uri() + "/"}}
+
+
 def test_json_counts_every_severity(tmp_path):
     _tree(tmp_path, {"a.py": CUDA_LINE})
     payload = json.loads(report.json_report(scan([str(tmp_path)])))
