@@ -121,9 +121,7 @@ def test_the_node_index_is_the_walk_without_contexts_and_operators():
     assert [type(n) for n in source.nodes] == [type(n) for n in walked]
     assert [ast.unparse(n) for n in source.of(ast.Call)] == [ast.unparse(n) for n in walked if type(n) is ast.Call]
     two = source.of(ast.Import, ast.ImportFrom)
-    assert [ast.unparse(n) for n in two] == [
-        ast.unparse(n) for n in walked if type(n) in (ast.Import, ast.ImportFrom)
-    ]
+    assert [ast.unparse(n) for n in two] == [ast.unparse(n) for n in walked if type(n) in (ast.Import, ast.ImportFrom)]
     assert all(source.parents[n] is not None for n in source.nodes[1:])
     for node in source.of(ast.Call):  # the scope is the innermost def/class/lambda/module, as a walk up finds it
         up = source.parents[node]

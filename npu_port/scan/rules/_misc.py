@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 #: Values that switch a flag on, in YAML, JSON, TOML, Python and command lines.
 TRUE = ("true", "yes", "on", "1")
@@ -103,9 +103,92 @@ def normal_package(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+#: Files that pin a project's packages: pip requirements, conda environments, pyproject.toml.
+REQUIREMENT_FILES = ("requirements*.txt", "requirements*.in", "*requirements.txt", "*.in", "constraints*.txt")
+CONDA_FILES = ("environment*.yml", "environment*.yaml", "conda*.yml", "conda*.yaml")
+DEPENDENCY_FILES = REQUIREMENT_FILES + CONDA_FILES + ("pyproject.toml",)
+
+
 def is_requirements(path: str) -> bool:
     """Whether a file the requirements patterns chose is one (``MANIFEST.in`` is sdist's, not pip's)."""
     return os.path.basename(path).lower() != "manifest.in"
+
+
+def dependencies(path: str, lines: List[str]) -> Iterator[Tuple[int, str, str, str]]:
+    """``(line, normalised name, the rest, "pip" | "conda")`` of every package a dependency file pins: each line of
+    a pip requirements file; a conda environment's ``dependencies`` (conda specs, and its ``pip:`` list); a
+    pyproject.toml's ``[project]`` dependencies and optional dependencies. A file that is not one (``MANIFEST.in``,
+    a YAML or TOML file that does not parse) pins nothing."""
+    name = os.path.basename(path).lower()
+    if name == "pyproject.toml":
+        yield from _pyproject(lines)
+    elif name.endswith((".yml", ".yaml")):
+        yield from _conda(lines)
+    elif is_requirements(path):
+        for number, line in enumerate(lines, start=1):
+            found = requirement(line)
+            if found is not None:
+                yield number, found[0], found[1], "pip"
+
+
+_CONDA_SPEC = re.compile(r"^\s*(?:[\w.-]+::)?([A-Za-z0-9][\w.-]*)\s*(.*)$")
+
+
+def _conda(lines: List[str]) -> Iterator[Tuple[int, str, str, str]]:
+    """A conda environment file read with ``yaml.compose`` (SafeLoader: nothing is constructed), which keeps lines."""
+    import yaml
+
+    try:
+        root = yaml.compose("\n".join(lines), Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return
+    if not isinstance(root, yaml.MappingNode):
+        return
+    for key, value in root.value:
+        if key.value != "dependencies" or not isinstance(value, yaml.SequenceNode):
+            continue
+        for item in value.value:
+            if isinstance(item, yaml.ScalarNode):
+                match = _CONDA_SPEC.match(str(item.value))
+                if match:
+                    yield item.start_mark.line + 1, normal_package(match.group(1)), match.group(2), "conda"
+            elif isinstance(item, yaml.MappingNode):
+                for inner_key, inner in item.value:
+                    if inner_key.value == "pip" and isinstance(inner, yaml.SequenceNode):
+                        for entry in inner.value:
+                            found = requirement(str(entry.value)) if isinstance(entry, yaml.ScalarNode) else None
+                            if found is not None:
+                                yield entry.start_mark.line + 1, found[0], found[1], "pip"
+
+
+def _pyproject(lines: List[str]) -> Iterator[Tuple[int, str, str, str]]:
+    """``[project] dependencies`` and ``optional-dependencies`` (PEP 621), each found on the line that quotes it."""
+    try:
+        import tomllib  # Python 3.11+
+    except ImportError:  # pragma: no cover - Python < 3.11: tomli when installed, else pyproject.toml is not read
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ImportError:
+            return
+    try:
+        project = tomllib.loads("\n".join(lines)).get("project", {})
+    except (tomllib.TOMLDecodeError, AttributeError):
+        return
+    if not isinstance(project, dict):
+        return
+    pinned = list(project.get("dependencies") or [])
+    for group in (project.get("optional-dependencies") or {}).values():
+        pinned.extend(group or [])
+    start = 0
+    for entry in pinned:
+        found = requirement(str(entry))
+        if found is None:
+            continue
+        number = next((i for i in range(start, len(lines)) if str(entry) in lines[i]), None)
+        if number is None:
+            number = next((i for i in range(len(lines)) if str(entry) in lines[i]), 0)
+        start = number
+        yield number + 1, found[0], found[1], "pip"
 
 
 def requirement(line: str) -> Optional[Tuple[str, str]]:

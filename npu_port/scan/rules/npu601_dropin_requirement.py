@@ -6,15 +6,14 @@ from typing import Iterator
 
 from ..context import TextFile
 from ..rule import Finding, Rule, register_rule
-from ._misc import DROP_IN_PACKAGES, is_requirements, requirement
-
-REQUIREMENT_FILES = ("requirements*.txt", "requirements*.in", "*requirements.txt", "*.in", "constraints*.txt")
+from ._misc import DEPENDENCY_FILES, DROP_IN_PACKAGES, dependencies
 
 
 @register_rule
 class DropInRequirement(Rule):
     """``flash-attn`` or ``xformers`` in a requirements file (a name with a version, ``name @ url``, a prebuilt wheel's
-    URL, ``git+https://github.com/...``).
+    URL, ``git+https://github.com/...``), a conda environment file (its dependencies or their ``pip:`` list) or a
+    pyproject.toml (``[project]`` dependencies and optional dependencies).
 
     Without CUDA pip cannot build either (flash-attn's setup.py needs nvcc; xformers' wheels are CUDA builds), so
     ``pip install -r requirements.txt`` fails on an NPU or a CPU machine. The code that imports them works as it is
@@ -35,19 +34,16 @@ class DropInRequirement(Rule):
     fix = "manual"
     handled_by = "the flash_attn and xformers drop-ins (npu-port run)"
     triggers = ("flash-attn", "flash_attn", "flash-attention", "xformers", "Flash-Attn", "Flash_Attn")
-    file_patterns = REQUIREMENT_FILES
+    file_patterns = DEPENDENCY_FILES
 
     def check_text(self, source: TextFile) -> Iterator[Finding]:
-        if not is_requirements(source.path):
-            return
-        for number, line in enumerate(source.lines, start=1):
-            found = requirement(line)
-            if found is None or found[0] not in DROP_IN_PACKAGES:
+        for number, package, _, _ in dependencies(source.path, source.lines):
+            if package not in DROP_IN_PACKAGES:
                 continue
-            module = DROP_IN_PACKAGES[found[0]]
+            module = DROP_IN_PACKAGES[package]
             yield source.finding(
                 self,
                 number,
-                f"`{found[0]}` does not install without CUDA: leave it out on the target; npu-port run's drop-in "
+                f"`{package}` does not install without CUDA: leave it out on the target; npu-port run's drop-in "
                 f"serves `import {module}`",
             )

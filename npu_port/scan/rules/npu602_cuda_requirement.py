@@ -6,15 +6,15 @@ from typing import Iterator
 
 from ..context import TextFile
 from ..rule import Finding, Rule, register_rule
-from ._misc import CUDA_PACKAGES, CUDA_PREFIXES, cuda_package, is_requirements, requirement
-from .npu601_dropin_requirement import REQUIREMENT_FILES
+from ._misc import CUDA_PACKAGES, CUDA_PREFIXES, DEPENDENCY_FILES, cuda_package, dependencies
 
 
 @register_rule
 class CudaRequirement(Rule):
-    """A CUDA-only package in a requirements file: apex, bitsandbytes, triton, the ``nvidia-*`` runtime wheels,
-    CuPy (``cupy``, ``cupy-cuda12x``), PyCUDA, TensorRT, onnxruntime-gpu, ``spconv-cu*``, liger-kernel,
-    sageattention, flash-attention 3, causal-conv1d, mamba-ssm, yunchang, deepspeed-kernels.
+    """A CUDA-only package in a requirements file, a conda environment or a pyproject.toml: apex, bitsandbytes,
+    triton, the ``nvidia-*`` runtime wheels, CuPy (``cupy``, ``cupy-cuda12x``), PyCUDA, TensorRT, onnxruntime-gpu,
+    ``spconv-cu*``, liger-kernel, sageattention, flash-attention 3, causal-conv1d, mamba-ssm, yunchang,
+    deepspeed-kernels.
 
     pip cannot install them on an NPU or CPU machine (no CUDA to build against, or no wheel), or they install and
     fail when their kernels run; code that imports them unguarded fails at import. npu-port has no drop-in for these:
@@ -33,13 +33,10 @@ class CudaRequirement(Rule):
     targets = ("npu", "cpu")
     fix = "manual"
     triggers = tuple(CUDA_PACKAGES) + tuple(CUDA_PREFIXES) + ("Apex", "Triton", "CuPy", "NVIDIA")
-    file_patterns = REQUIREMENT_FILES
+    file_patterns = DEPENDENCY_FILES
 
     def check_text(self, source: TextFile) -> Iterator[Finding]:
-        if not is_requirements(source.path):
-            return
-        for number, line in enumerate(source.lines, start=1):
-            found = requirement(line)
-            advice = cuda_package(found[0]) if found is not None else None
+        for number, package, _, _ in dependencies(source.path, source.lines):
+            advice = cuda_package(package)
             if advice is not None:
-                yield source.finding(self, number, f"`{found[0]}` needs CUDA: {advice}")
+                yield source.finding(self, number, f"`{package}` needs CUDA: {advice}")
