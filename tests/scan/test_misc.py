@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from npu_port.scan.engine import scan, scan_file, select_rules
 from npu_port.scan.rules._misc import flag, requirement
 
@@ -45,3 +47,22 @@ def test_flags_are_on_only_when_set_to_a_true_value():
     assert flag("use_flash_attn", "false") is None
     assert flag("attn_implementation", "'sdpa'") is None
     assert flag("attn_implementation", '"flash_attention_2"')[0] == "flash_attention_2"
+
+
+@pytest.mark.parametrize(
+    "command, packages",
+    [
+        ("pip install flash-attn --no-build-isolation", ["flash-attn"]),
+        ("pip install -i https://mirror/simple -r req.txt Flash_Attn==2.5.8 einops", ["flash-attn", "einops"]),
+        ("python -m pip install --upgrade pip && pip3 install 'xformers>=0.0.20'", ["pip", "xformers"]),
+        ("/opt/venv/bin/pip install -U apex; echo done", ["apex"]),
+        ("pip download flash-attn", []),
+        ("pip uninstall -y xformers", []),
+    ],
+)
+def test_pip_install_commands_name_the_packages_they_install(command, packages):
+    import ast
+
+    from npu_port.scan.rules.npu604_cuda_package_install import _installed, _words
+
+    assert _installed(_words(ast.Constant(command))) == packages
