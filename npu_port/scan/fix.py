@@ -3,7 +3,12 @@
 One engine for scanning and fixing: the scan (our resolver) decides *where*; a rule with a fix implements
 :meth:`Rule.rewrite` for the libcst node found at exactly that place (start and end), and lists the imports the
 rewrite needs (``fix_imports``), which libcst's ``AddImportsVisitor`` adds once, after the file's own imports. A
-rewrite returning None leaves that place as it is: the finding is listed with the manual ones.
+rewrite returning None leaves that place as it is: the finding is listed with the manual ones. A rule whose rewrite
+needs a whole statement (``rewrites_statement``: a ``try`` around ``import flash_attn``, which no line can hold) gets
+the small statement found there on a line of its own — a line it shares (``import os; import flash_attn``) is split,
+a one-line suite (``def f(): import flash_attn``) becomes an indented block, the comments above go with the first
+line and the trailing one with the last — and returns statements; two it wrote side by side in a block may be joined
+(:meth:`Rule.combine`: one ``try`` for adjacent imports).
 
 The result is checked before anything is written: it must parse (a file whose rewrite would not is left as it was,
 and named). The fixed code has no safe fix left for a second run to make (``tests/scan/test_fix.py`` holds every

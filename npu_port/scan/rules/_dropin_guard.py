@@ -30,7 +30,7 @@ Adjacent imports (nothing but comments between them) share one ``try``. The impo
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 _INSTALL = "from npu_port.dropins import install_dropins\n"
 
@@ -50,7 +50,7 @@ def _top_module(statement: Any) -> Optional[str]:
     return tops.pop() if len(tops) == 1 else None
 
 
-def _dropins() -> dict:
+def _dropins() -> Dict[str, str]:
     """``{drop-in name: distribution}``, e.g. ``{"flash_attn": "flash-attn"}``."""
     from ...dropins.install import DROP_INS
 
@@ -103,13 +103,15 @@ def _guarded_lines(statement: Any) -> Optional[List[Any]]:
     """The imports a ``try`` written by :func:`guard_import` guards, or None for any other statement."""
     import libcst as cst
 
-    if not (isinstance(statement, cst.Try) and len(statement.handlers) == 1 and not statement.finalbody):
+    if not (isinstance(statement, cst.Try) and len(statement.handlers) == 1):
         return None
     handler = statement.handlers[0]
     body = handler.body.body if isinstance(handler.body, cst.IndentedBlock) else ()
-    if not (isinstance(handler.type, cst.Name) and handler.type.value == "ImportError" and body):
+    if statement.orelse is not None or statement.finalbody is not None or not body:
         return None
-    if statement.orelse is not None or cst.Module([]).code_for_node(body[0]) != _INSTALL:
+    if not (isinstance(handler.type, cst.Name) and handler.type.value == "ImportError"):
+        return None
+    if cst.Module([]).code_for_node(body[0]) != _INSTALL:
         return None  # not the fallback this fix writes
     lines = list(statement.body.body)
     return lines if all(_dropin(line) is not None for line in lines) else None

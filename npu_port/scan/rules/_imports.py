@@ -270,19 +270,33 @@ def _dropin_of(kind: Kind) -> Optional[str]:
     return next((dropin for dropin, by in DROPIN_HANDLER.items() if kind.kind == "handled" and kind.by == by), None)
 
 
+def _install_calls(source: PythonFile) -> Dict[ast.AST, Optional[FrozenSet[str]]]:
+    """Each statement ``install_dropins(...)`` of the file: the drop-ins it names (None: every one); once per file."""
+
+    def find() -> Dict[ast.AST, Optional[FrozenSet[str]]]:
+        found: Dict[ast.AST, Optional[FrozenSet[str]]] = {}
+        for call, name in source.calls():
+            statement = source.parents.get(call)
+            if name in INSTALL_DROPINS and isinstance(statement, ast.Expr):
+                named = frozenset(
+                    a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                )
+                found[statement] = named if call.args else None
+        return found
+
+    return source.cached("install_dropins_calls", find)
+
+
 def _installed_before(source: PythonFile, node: ast.AST, dropin: str) -> bool:
-    """Whether a statement ``install_dropins(...)`` registering ``dropin`` (no names: every drop-in) comes before
-    ``node`` in its block or an enclosing one: from there on, importing what the drop-in serves succeeds."""
+    """Whether a statement ``install_dropins(...)`` registering ``dropin`` comes before ``node`` in its block or an
+    enclosing one: from there on, importing what the drop-in serves succeeds."""
+    installs = _install_calls(source)
     child, parent = node, source.parents.get(node)
-    while parent is not None:
+    while installs and parent is not None:
         for _, block in ast.iter_fields(parent):
-            if not (isinstance(block, list) and child in block):
-                continue
-            for statement in block[: block.index(child)]:
-                call = statement.value if isinstance(statement, ast.Expr) else None
-                if isinstance(call, ast.Call) and source.resolve(call) in INSTALL_DROPINS:
-                    named = [a.value for a in call.args if isinstance(a, ast.Constant)]
-                    if not call.args or dropin in named:
+            if isinstance(block, list) and child in block:
+                for statement in block[: block.index(child)]:
+                    if statement in installs and (installs[statement] is None or dropin in installs[statement]):
                         return True
         child, parent = parent, source.parents.get(parent)
     return False
