@@ -52,7 +52,7 @@ def install_dropins(*names: str, force: bool = False, broken: bool = False) -> L
     known = [template.name for template in DROP_INS]
     unknown = [name for name in names if name not in known]
     if unknown:
-        raise ValueError(f"no drop-in named {', '.join(unknown)}; the drop-ins are {', '.join(known)}")
+        raise ValueError(f"no drop-in named {', '.join(map(str, unknown))}; the drop-ins are {', '.join(known)}")
     mode = "always" if force else "broken" if broken else "missing"
     chosen = [template for template in DROP_INS if not names or template.name in names]
     for template in chosen:
