@@ -4,8 +4,11 @@ NPU or a CPU, computing through ``npu_port.attention`` (the active strategy's ke
 :func:`install_dropins` registers them with the import hook (:mod:`npu_port.dropins.finder`), which also presents
 package metadata, so ``importlib.util.find_spec("flash_attn")``, ``importlib.metadata.version("flash-attn")`` and the
 availability checks of diffusers and transformers see them. By default (mode ``"missing"``) a real, installed
-package always wins: the stand-in is served only where no real one can be found. ``force=True`` (mode
-``"always"``) serves the stand-ins even then. :func:`uninstall_dropins` undoes it all.
+package always wins: the stand-in is served only where no real one can be found. ``broken=True`` (mode ``"broken"``)
+also serves it where the real package is installed but fails to load (a wheel built for another torch or CUDA: the
+failure is logged), which is what the guarded imports ``npu-port fix`` writes ask for, after the real import failed.
+``force=True`` (mode ``"always"``) serves the stand-ins even where a real package works. :func:`uninstall_dropins`
+undoes it all.
 """
 
 from __future__ import annotations
@@ -43,12 +46,18 @@ DROP_INS = (
 )
 
 
-def install_dropins(force: bool = False) -> List[str]:
-    """Register the drop-ins; returns their names. ``force``: serve them even where a real package is installed."""
-    mode = "always" if force else "missing"
-    for template in DROP_INS:
+def install_dropins(*names: str, force: bool = False, broken: bool = False) -> List[str]:
+    """Register the drop-ins (``names``: only these, e.g. ``"flash_attn"``; none: all); returns their names.
+    ``force``: serve them even where a real package works; ``broken``: also where a real one fails to load."""
+    known = [template.name for template in DROP_INS]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"no drop-in named {', '.join(map(str, unknown))}; the drop-ins are {', '.join(known)}")
+    mode = "always" if force else "broken" if broken else "missing"
+    chosen = [template for template in DROP_INS if not names or template.name in names]
+    for template in chosen:
         register(dataclasses.replace(template, mode=mode, served=[], reason=None))
-    return [template.name for template in DROP_INS]
+    return [template.name for template in chosen]
 
 
 def uninstall_dropins() -> None:

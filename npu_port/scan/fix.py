@@ -3,7 +3,12 @@
 One engine for scanning and fixing: the scan (our resolver) decides *where*; a rule with a fix implements
 :meth:`Rule.rewrite` for the libcst node found at exactly that place (start and end), and lists the imports the
 rewrite needs (``fix_imports``), which libcst's ``AddImportsVisitor`` adds once, after the file's own imports. A
-rewrite returning None leaves that place as it is: the finding is listed with the manual ones.
+rewrite returning None leaves that place as it is: the finding is listed with the manual ones. A rule whose rewrite
+needs a whole statement (``rewrites_statement``: a ``try`` around ``import flash_attn``, which no line can hold) gets
+the small statement found there on a line of its own — a line it shares (``import os; import flash_attn``) is split,
+a one-line suite (``def f(): import flash_attn``) becomes an indented block, the comments above go with the first
+line and the trailing one with the last — and returns statements; two it wrote side by side in a block may be joined
+(:meth:`Rule.combine`: one ``try`` for adjacent imports).
 
 The result is checked before anything is written: it must parse (a file whose rewrite would not is left as it was,
 and named). The fixed code has no safe fix left for a second run to make (``tests/scan/test_fix.py`` holds every
@@ -21,7 +26,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
 from .engine import ScanError, scan, scan_file, select_rules
 from .rule import Finding, Rule
@@ -81,21 +86,79 @@ def _rewrite(text: str, wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]]) ->
     positions = wrapper.resolve(PositionProvider)
     done: List[Finding] = []
     imports: List[str] = []
+    statements: Dict[cst.BaseSmallStatement, List[Tuple[Type[Rule], Finding]]] = {}  # statement rewrites to make
+    made: Dict[cst.BaseStatement, Type[Rule]] = {}  # the statements they wrote, by rule
+
+    def apply(rule: Type[Rule], finding: Finding, node: Any) -> Any:
+        replaced = rule().rewrite(node, finding)
+        if replaced is not None:
+            done.append(finding)
+            imports.extend(rule.fix_imports)
+        return replaced
+
+    def own_lines(line: Any) -> Any:
+        """``line`` (or a one-line suite, ``def f(): import x``) with each small statement to rewrite on a line of
+        its own, the others kept together, then rewritten: the comments above go with the first line, the trailing
+        one with the last; a suite becomes an indented block."""
+        suite = isinstance(line, cst.SimpleStatementSuite)
+        groups: List[List[Any]] = []
+        for statement in line.body:
+            if statement in statements or not groups or groups[-1][0] in statements:
+                groups.append([statement])
+            else:
+                groups[-1].append(statement)
+        pieces: List[Any] = []
+        for index, group in enumerate(groups):
+            piece = cst.SimpleStatementLine(
+                [*group[:-1], group[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)],
+                leading_lines=line.leading_lines if index == 0 and not suite else (),
+                trailing_whitespace=line.trailing_whitespace if index == len(groups) - 1 else cst.TrailingWhitespace(),
+            )
+            written = [piece]
+            for rule, finding in statements.get(group[0], []):  # the first rewrite taken replaces the statement
+                replaced = apply(rule, finding, piece)
+                if replaced is not None:
+                    written = list(replaced) if isinstance(replaced, (list, tuple)) else [replaced]
+                    made.update(dict.fromkeys(written, rule))
+                    break
+            pieces.extend(written)
+        if not any(piece in made for piece in pieces):
+            return line  # no rewrite taken: the line stays as it was
+        return cst.IndentedBlock(combined(pieces)) if suite else cst.FlattenSentinel(pieces)
+
+    def combined(body: Sequence[Any]) -> List[Any]:
+        """``body`` with adjacent statements the rewrites wrote joined where the rule says how (one ``try``)."""
+        out: List[Any] = []
+        for statement in body:
+            if out and out[-1] in made and statement in made:
+                joined = made[statement]().combine(out[-1], statement)
+                if joined is not None:
+                    made[joined] = made[statement]
+                    out[-1] = joined
+                    continue
+            out.append(statement)
+        return out
 
     class Rewriter(cst.CSTTransformer):
         def on_leave(self, original, updated):  # type: ignore[override]
             where = positions.get(original)
-            if where is None:
-                return updated
-            span = (where.start.line, where.start.column + 1, where.end.line, where.end.column + 1)
-            for rule, finding in wanted.get(span, []):
-                if finding in done:
-                    continue
-                replaced = rule().rewrite(updated, finding)
-                if replaced is not None:
-                    done.append(finding)
-                    imports.extend(rule.fix_imports)
-                    updated = replaced
+            if where is not None:
+                span = (where.start.line, where.start.column + 1, where.end.line, where.end.column + 1)
+                for rule, finding in wanted.get(span, []):
+                    if finding in done:
+                        continue
+                    if rule.rewrites_statement:  # made when the line holding it is left (below)
+                        if isinstance(updated, cst.BaseSmallStatement):
+                            statements.setdefault(updated, []).append((rule, finding))
+                        continue
+                    replaced = apply(rule, finding, updated)
+                    if replaced is not None:
+                        updated = replaced
+            if isinstance(updated, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+                if any(statement in statements for statement in updated.body):
+                    return own_lines(updated)
+            elif isinstance(updated, (cst.Module, cst.IndentedBlock)) and any(s in made for s in updated.body):
+                return updated.with_changes(body=combined(updated.body))
             return updated
 
     module = wrapper.module.visit(Rewriter())

@@ -93,10 +93,20 @@ class Rule:
 
     #: Modules the rewrite needs imported (added once, after the file's own imports).
     fix_imports: ClassVar[Tuple[str, ...]] = ()
+    #: Whether :meth:`rewrite` replaces the whole statement, not the node: it is then given the small statement found
+    #: (``import flash_attn``) on a line of its own — a ``SimpleStatementLine``, with the comments above it and the
+    #: line's trailing one — and returns the statements to put there (a ``try``, which no line can hold).
+    rewrites_statement: ClassVar[bool] = False
 
     def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
-        """The libcst node to put in place of ``node`` (found exactly where ``finding`` is), or None to leave it.
-        Rules with a ``safe`` or ``unsafe`` fix implement it; see :mod:`npu_port.scan.fix`."""
+        """The libcst node to put in place of ``node`` (found exactly where ``finding`` is), or None to leave it;
+        with ``rewrites_statement``, a statement or a list of them. Rules with a ``safe`` or ``unsafe`` fix implement
+        it; see :mod:`npu_port.scan.fix`."""
+        return None
+
+    def combine(self, first: Any, second: Any) -> Optional[Any]:
+        """With ``rewrites_statement``: one statement doing what ``first`` then ``second`` do — two statements this
+        fix just wrote, adjacent in one block, ``second`` written by this rule — or None to keep both."""
         return None
 
     @classmethod

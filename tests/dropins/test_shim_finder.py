@@ -101,3 +101,22 @@ def test_bad_registrations_are_refused():
         register(Replacement("x_pkg", {"x_pkg": "m"}, mode="sometimes"))
     with pytest.raises(ValueError, match="modules must include the top-level module 'x_pkg'"):
         register(Replacement("x_pkg", {"x_pkg.sub": "m"}))
+
+
+def test_install_dropins_registers_the_drop_ins_named_in_the_mode_asked():
+    """What the guarded imports ``npu-port fix`` writes call: ``install_dropins("xformers", broken=True)`` registers
+    that drop-in alone (an absent flash_attn stays absent), in mode "broken"."""
+    from npu_port.dropins.install import install_dropins, uninstall_dropins
+
+    try:
+        assert install_dropins("xformers", broken=True) == ["xformers"]
+        assert {name: r.mode for name, r in registered().items() if name in ("flash_attn", "xformers")} == {
+            "xformers": "broken"
+        }
+        assert install_dropins(force=True, broken=True) == ["flash_attn", "xformers"]
+        assert {registered()[name].mode for name in ("flash_attn", "xformers")} == {"always"}
+        with pytest.raises(ValueError, match="no drop-in named flash-attn; the drop-ins are flash_attn, xformers"):
+            install_dropins("flash-attn")
+    finally:
+        uninstall_dropins()
+    assert "xformers" not in registered()

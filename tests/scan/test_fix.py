@@ -6,7 +6,10 @@ from __future__ import annotations
 import ast
 import os
 import stat
+import subprocess
+import sys
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -98,6 +101,17 @@ STATEMENTS = [
     "class M:\n    def g(self, b):\n        return (b + 1).cuda(\n            non_blocking=False,\n        )",
     "# just a comment with .cuda() in it",
     "q = f(x).cuda().cuda()",
+    "import flash_attn",
+    "from flash_attn import flash_attn_func  # the fast kernel",
+    "import xformers.ops as xops",
+    "from xformers.ops import memory_efficient_attention, LowerTriangularMask",
+    "# padding helpers\nfrom flash_attn.bert_padding import (\n    pad_input,  # re-pad\n    unpad_input,\n)",
+    "import os; import flash_attn.flash_attn_interface as fai; import sys",
+    "def h():\n    from flash_attn import flash_attn_varlen_func\n    return flash_attn_varlen_func",
+    "def k(): import xformers; return xformers",
+    "from xformers.ops import fmha, SwiGLU",  # also what no drop-in has: left to the user
+    "xf = importlib.import_module('xformers.ops')",  # dynamic: left to the user
+    "",  # a blank line: the imports on either side get a try each
 ]
 
 
@@ -107,7 +121,7 @@ def test_fix_output_parses_is_idempotent_and_leaves_no_safe_fix(tmp_path_factory
     folder = tmp_path_factory.mktemp("fix")
     path = folder / "m.py"
     head = "import npu_port\n" if import_npu_port else ""
-    path.write_text(head + "import torch\nmodel = x = y = batch = None\n" + "\n".join(statements) + "\n")
+    path.write_text(head + "import importlib, torch\nmodel = x = y = batch = None\n" + "\n".join(statements) + "\n")
     fix([str(path)], write=True)
     once = path.read_text()
     ast.parse(once)
@@ -201,3 +215,284 @@ def test_fix_cases_that_are_not_safe_stay_manual_and_one_bad_file_does_not_stop_
     assert "f\"{x.to(f'{npu_port.get_device().type}:0')}\"" in fixed_b
     ast.parse(fixed_b)
     assert "storage.cuda()` needs a CUDA device" in capsys.readouterr().err
+
+
+# ---- NPU101 / NPU102: the import in try, npu-port's drop-in as the fallback -----------------------------------------
+
+FLASH = "# no working flash-attn build here: npu-port's drop-in serves it (npu_port.attention)"
+XFORMERS = "# no working xformers build here: npu-port's drop-in serves it (npu_port.attention)"
+
+
+def guarded(imports, dropin="flash_attn", comment=FLASH, indent=""):
+    """What the fix writes for ``imports`` (lines), as the brief and the README show it."""
+    lines = ["try:", *(f"    {i}" for i in imports), f"except ImportError:  {comment}"]
+    lines += ["    from npu_port.dropins import install_dropins", "", f'    install_dropins("{dropin}", broken=True)']
+    lines += [f"    {i}" for i in imports]
+    return "".join(f"{indent}{line}\n" if line else "\n" for line in lines)
+
+
+def fixed(tmp_path, text, name="m.py"):
+    path = tmp_path / name
+    path.write_bytes(text.encode("utf-8"))
+    (one,) = fix([str(path)])
+    return one
+
+
+@pytest.mark.parametrize(
+    "statement, dropin, comment",
+    [
+        ("import flash_attn", "flash_attn", FLASH),
+        ("import flash_attn.flash_attn_interface as fai", "flash_attn", FLASH),
+        ("from flash_attn import flash_attn_func", "flash_attn", FLASH),
+        ("from flash_attn import flash_attn_func as faf, flash_attn_varlen_func", "flash_attn", FLASH),
+        ("from flash_attn import bert_padding", "flash_attn", FLASH),
+        ("from flash_attn.bert_padding import pad_input, unpad_input", "flash_attn", FLASH),
+        ("from flash_attn.flash_attn_interface import flash_attn_varlen_qkvpacked_func", "flash_attn", FLASH),
+        ("import xformers", "xformers", XFORMERS),
+        ("import xformers.ops as xops", "xformers", XFORMERS),
+        ("import xformers.ops", "xformers", XFORMERS),
+        ("from xformers.ops import memory_efficient_attention, LowerTriangularMask", "xformers", XFORMERS),
+        ("from xformers.ops.fmha.attn_bias import BlockDiagonalMask", "xformers", XFORMERS),
+        ("from xformers.ops.fmha import attn_bias", "xformers", XFORMERS),
+        ("from xformers import ops as xops", "xformers", XFORMERS),
+    ],
+)
+def test_each_alias_form_is_guarded_with_its_drop_in(tmp_path, statement, dropin, comment):
+    one = fixed(tmp_path, f"import torch\n{statement}\n\nx = 1\n")
+    assert one.new == "import torch\n" + guarded([statement], dropin, comment) + "\nx = 1\n"
+    assert [f.code for f in one.fixed] == ["NPU101" if dropin == "flash_attn" else "NPU102"] and one.left == []
+
+
+def test_the_brief_example_exactly(tmp_path):
+    one = fixed(tmp_path, "from flash_attn import flash_attn_func\n")
+    assert one.new == (
+        "try:\n"
+        "    from flash_attn import flash_attn_func\n"
+        "except ImportError:  # no working flash-attn build here: npu-port's drop-in serves it (npu_port.attention)\n"
+        "    from npu_port.dropins import install_dropins\n"
+        "\n"
+        '    install_dropins("flash_attn", broken=True)\n'
+        "    from flash_attn import flash_attn_func\n"
+    )
+
+
+def test_imports_in_functions_classes_and_one_line_suites_are_guarded_where_they_are(tmp_path):
+    one = fixed(
+        tmp_path,
+        "def attend(q):\n"
+        "    from flash_attn import flash_attn_func  # lazy\n"
+        "    return flash_attn_func(q, q, q)\n"
+        "class Block:\n"
+        "    def ops(self): import xformers.ops as xops; return xops\n"
+        "try:\n"
+        "    pass\n"
+        "except ValueError:\n"
+        "    import flash_attn\n",
+    )
+    assert one.new == (
+        "def attend(q):\n"
+        + guarded(["from flash_attn import flash_attn_func  # lazy"], indent="    ")
+        + "    return flash_attn_func(q, q, q)\n"
+        "class Block:\n"
+        "    def ops(self):\n" + guarded(["import xformers.ops as xops"], "xformers", XFORMERS, indent="        ") + ""
+        "        return xops\n"
+        "try:\n"
+        "    pass\n"
+        "except ValueError:\n" + guarded(["import flash_attn"], indent="    ")
+    )
+
+
+def test_comments_stay_adjacent_imports_share_a_try_and_a_blank_line_keeps_them_apart(tmp_path):
+    one = fixed(
+        tmp_path,
+        "import os\n"
+        "\n"
+        "# attention kernels\n"
+        "from flash_attn import flash_attn_func  # noqa: F401\n"
+        "# padding\n"
+        "from flash_attn.bert_padding import (\n"
+        "    pad_input,  # re-pad\n"
+        "    unpad_input,\n"
+        ")\n"
+        "import xformers.ops as xops\n"
+        "\n"
+        "import flash_attn\n",
+    )
+    assert one.new == (
+        "import os\n"
+        "\n"
+        "# attention kernels\n"
+        "try:\n"
+        "    from flash_attn import flash_attn_func  # noqa: F401\n"
+        "    # padding\n"
+        "    from flash_attn.bert_padding import (\n"
+        "        pad_input,  # re-pad\n"
+        "        unpad_input,\n"
+        "    )\n"
+        "    import xformers.ops as xops\n"
+        "except ImportError:  # no working flash-attn / xformers build here: npu-port's drop-ins serve them "
+        "(npu_port.attention)\n"
+        "    from npu_port.dropins import install_dropins\n"
+        "\n"
+        '    install_dropins("flash_attn", "xformers", broken=True)\n'
+        "    from flash_attn import flash_attn_func  # noqa: F401\n"
+        "    from flash_attn.bert_padding import (\n"
+        "        pad_input,  # re-pad\n"
+        "        unpad_input,\n"
+        "    )\n"
+        "    import xformers.ops as xops\n"
+        "\n" + guarded(["import flash_attn"])
+    )
+    assert len(one.fixed) == 4
+
+
+def test_a_shared_line_is_split_and_its_trailing_comment_stays_with_its_last_statement(tmp_path):
+    one = fixed(tmp_path, "import os; import flash_attn; import sys  # kernels\nimport os; import xformers  # ops\n")
+    assert one.new == (
+        "import os\n"
+        + guarded(["import flash_attn"])
+        + "import sys  # kernels\n"
+        + "import os\n"
+        + guarded(["import xformers  # ops"], "xformers", XFORMERS)
+    )
+
+
+def test_a_crlf_file_with_tabs_keeps_its_newlines_and_indentation(tmp_path):
+    one = fixed(tmp_path, "import torch\r\ndef f():\r\n\timport flash_attn  # here\r\n\treturn flash_attn\r\n")
+    assert one.new == (
+        "import torch\r\ndef f():\r\n"
+        + guarded(["import flash_attn  # here"], indent="\t").replace("    ", "\t").replace("\n", "\r\n")
+        + "\treturn flash_attn\r\n"
+    )
+    assert one.new.count("\n") == one.new.count("\r\n")
+
+
+def test_what_cannot_be_guarded_safely_is_left_and_listed_as_manual(tmp_path):
+    source = (
+        "import importlib\n"
+        "from xformers.ops import fmha, SwiGLU\n"  # SwiGLU: no drop-in has it; a try would only hide that
+        "fa = importlib.import_module('flash_attn')\n"  # a dynamic import
+        "import flash_attn, xformers\n"  # two drop-ins in one statement
+        "import flash_attn, os\n"  # and something else
+    )
+    path = tmp_path / "m.py"
+    path.write_text(source)
+    found = {(f.line, f.code): f.fix for f in scan([str(path)]).findings}
+    assert found == {
+        (2, "NPU102"): "manual",
+        (2, "NPU104"): "manual",
+        (3, "NPU101"): "manual",
+        (4, "NPU101"): "manual",
+        (4, "NPU102"): "manual",
+        (5, "NPU101"): "manual",
+    }
+    assert all(f.new is None for f in fix([str(path)]))
+
+
+def test_a_second_fix_changes_nothing_and_the_scan_sees_guarded_imports_only(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "import flash_attn\nimport xformers.ops as xops\n\ndef f():\n    from flash_attn import flash_attn_func\n"
+    )
+    fix([str(path)], write=True)
+    once = path.read_text()
+    assert fix([str(path)])[0].new is None
+    found = scan([str(path)]).findings  # the imports in the try (info); those after install_dropins() are served
+    assert [(f.line, f.code) for f in found] == [(2, "NPU106"), (3, "NPU106"), (13, "NPU106")], once
+    assert all("imported inside try/except" in f.message for f in found)
+
+
+# ---- the fixed file, run: the drop-in where the package is missing or broken, the real one where it works ---------
+
+MODEL = """\
+import torch
+from flash_attn import flash_attn_func
+import xformers.ops as xops
+
+
+def attend(q, k, v):
+    return flash_attn_func(q, k, v, causal=True), xops.memory_efficient_attention(q, k, v, xops.LowerTriangularMask())
+"""
+
+CHECK = """\
+import sys
+import torch
+import npu_port
+
+import model
+
+q, k, v = (torch.randn(2, 6, 3, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+flash, xformers_out = model.attend(q, k, v)
+expected = npu_port.attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True).transpose(1, 2)
+torch.testing.assert_close(flash, expected)
+torch.testing.assert_close(xformers_out, expected)
+print(sys.modules["flash_attn"].__npu_port_stand_in__, sys.modules["xformers.ops"].__npu_port_stand_in__)
+"""
+
+
+def _python(folder, code, *path):
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, [folder, *path])))
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=folder, env=environment, capture_output=True, text=True, timeout=240
+    )
+
+
+@pytest.mark.e2e
+def test_the_fixed_file_imports_and_computes_what_npu_port_attention_does_without_flash_attn_or_xformers(tmp_path):
+    (tmp_path / "model.py").write_text(MODEL)
+    before = _python(tmp_path, "import model")
+    assert "ModuleNotFoundError: No module named 'flash_attn'" in before.stderr  # this venv has neither package
+    fix([str(tmp_path / "model.py")], write=True)
+    result = _python(tmp_path, CHECK)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["npu_port.dropins.flash_attn_impl", "npu_port.dropins.xformers_ops_impl"]
+
+
+FLASH_MODEL = "from flash_attn import flash_attn_func\n"
+
+
+@pytest.mark.e2e
+def test_where_the_real_package_imports_it_wins_and_npu_port_is_not_even_imported(tmp_path):
+    (tmp_path / "site" / "flash_attn").mkdir(parents=True)
+    (tmp_path / "site" / "flash_attn" / "__init__.py").write_text("def flash_attn_func(*args):\n    return 'real'\n")
+    (tmp_path / "model.py").write_text(FLASH_MODEL)
+    fix([str(tmp_path / "model.py")], write=True)
+    code = "import sys, model\nprint(model.flash_attn_func(), 'npu_port' in sys.modules)"
+    result = _python(tmp_path, code, tmp_path / "site")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["real", "False"]
+
+
+@pytest.mark.e2e
+def test_a_real_package_that_fails_to_load_is_replaced_and_its_error_said(tmp_path):
+    """The ``except`` installs the drop-in in mode "broken": mode "missing" would find the real package again and
+    re-raise, so the fix would not fix a wheel built for another torch or CUDA."""
+    (tmp_path / "site" / "flash_attn").mkdir(parents=True)
+    (tmp_path / "site" / "flash_attn" / "__init__.py").write_text(
+        "raise ImportError('flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi')\n"
+    )
+    (tmp_path / "model.py").write_text(FLASH_MODEL)
+    fix([str(tmp_path / "model.py")], write=True)
+    code = "import sys, model\nprint(sys.modules['flash_attn'].__npu_port_stand_in__)"
+    result = _python(tmp_path, code, tmp_path / "site")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["npu_port.dropins.flash_attn_impl"]
+    assert (
+        "npu-port: flash_attn failed to load (ImportError: flash_attn_2_cuda.so: undefined symbol: "
+        "_ZN3c104cuda9SetDeviceEi); using npu-port's fallback" in result.stderr
+    )
+
+
+@pytest.mark.e2e
+def test_a_real_package_that_loads_but_lacks_the_name_still_raises(tmp_path):
+    """flash-attn 1.x loads but has no ``flash_attn_func``: the real module stays, and the ImportError is not
+    swallowed by the fallback."""
+    (tmp_path / "site" / "flash_attn").mkdir(parents=True)
+    (tmp_path / "site" / "flash_attn" / "__init__.py").write_text("def flash_attn_unpadded_func(*args):\n    pass\n")
+    (tmp_path / "model.py").write_text(FLASH_MODEL)
+    fix([str(tmp_path / "model.py")], write=True)
+    result = _python(tmp_path, "import model", tmp_path / "site")
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and last.startswith(
+        "ImportError: cannot import name 'flash_attn_func' from 'flash_attn'"
+    )

@@ -1,6 +1,7 @@
 """Shared helpers of the CUDA-only-imports family (NPU1xx): what an imported module is (served by a drop-in, by a
 fallback, CUDA-only, or nothing of ours to say), every import a file makes (``import``, ``from ... import``,
-``importlib.import_module("...")`` / ``__import__("...")`` with a constant name), and how it is guarded.
+``importlib.import_module("...")`` / ``__import__("...")`` with a constant name), and how it is guarded — including
+``"dropin"``: a module a drop-in serves, imported after ``install_dropins()`` (the fallback ``npu-port fix`` writes).
 
 What the drop-ins and fallbacks serve is read from npu-port itself (:data:`npu_port.dropins.install.DROP_INS`,
 :data:`npu_port.fallbacks.registry.BUILTIN_FALLBACKS`, and the names each drop-in module defines, read with ``ast``
@@ -267,16 +268,82 @@ def where(source: PythonFile, node: ast.AST) -> str:
     return "at module level"
 
 
-def import_findings(rule, source: PythonFile, accepts, message) -> Iterator:
+#: What ``install_dropins`` resolves to (``npu_port.dropins`` re-exports it from ``.install``).
+INSTALL_DROPINS = frozenset({"npu_port.dropins.install_dropins", "npu_port.dropins.install.install_dropins"})
+
+
+def _dropin_of(kind: Kind) -> Optional[str]:
+    """The drop-in (``"flash_attn"``, ``"xformers"``) serving an import of this kind, or None."""
+    return next((dropin for dropin, by in DROPIN_HANDLER.items() if kind.kind == "handled" and kind.by == by), None)
+
+
+def _install_calls(source: PythonFile) -> Dict[ast.AST, Optional[FrozenSet[str]]]:
+    """Each statement ``install_dropins(...)`` of the file: the drop-ins it names (None: every one); once per file."""
+
+    def find() -> Dict[ast.AST, Optional[FrozenSet[str]]]:
+        found: Dict[ast.AST, Optional[FrozenSet[str]]] = {}
+        for call, name in source.calls():
+            statement = source.parents.get(call)
+            if name in INSTALL_DROPINS and isinstance(statement, ast.Expr):
+                named = frozenset(
+                    a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                )
+                found[statement] = named if call.args else None
+        return found
+
+    return source.cached("install_dropins_calls", find)
+
+
+def _installed_before(source: PythonFile, node: ast.AST, dropin: str) -> bool:
+    """Whether a statement ``install_dropins(...)`` registering ``dropin`` comes before ``node`` in its block or an
+    enclosing one: from there on, importing what the drop-in serves succeeds."""
+    installs = _install_calls(source)
+    child, parent = node, source.parents.get(node)
+    while installs and parent is not None:
+        for _, block in ast.iter_fields(parent):
+            if isinstance(block, list) and child in block:
+                for statement in block[: block.index(child)]:
+                    if statement in installs and (installs[statement] is None or dropin in installs[statement]):
+                        return True
+        child, parent = parent, source.parents.get(parent)
+    return False
+
+
+def guard(source: PythonFile, found: Import, kind: Kind) -> str:
+    """How ``found`` is guarded (:meth:`PythonFile.guard`), or ``"dropin"``: a module a drop-in serves, imported after
+    ``install_dropins()`` — the ``except`` branch ``npu-port fix`` writes, which succeeds wherever the ``try`` failed
+    (no rule reports it: the import in the ``try`` is the finding, NPU106)."""
+    dropin = _dropin_of(kind)
+    if dropin is not None and _installed_before(source, found.node, dropin):
+        return "dropin"
+    return source.guard(found.node)
+
+
+def guardable(source: PythonFile, node: ast.AST) -> bool:
+    """Whether ``npu-port fix`` can put the import statement ``node`` in ``try`` with the drop-in as its fallback: an
+    ``import`` / ``from ... import`` (not a dynamic import call) whose every import one drop-in serves (``from
+    xformers.ops import fmha, SwiGLU`` also imports what no drop-in has: guarding it would only hide that)."""
+    if not isinstance(node, (ast.Import, ast.ImportFrom)):
+        return False
+    kinds = [classify(found.module, found.name) for found in imports(source) if found.node is node]
+    dropins = {_dropin_of(kind) if kind is not None else None for kind in kinds}
+    return len(dropins) == 1 and None not in dropins
+
+
+def import_findings(rule, source: PythonFile, accepts, message, fix=None) -> Iterator:
     """One finding of ``rule`` per import statement (or dynamic import call) with imports ``accepts(kind, guard)``
-    takes; ``message(kinds, guard, place)`` words it (``place``: "at module level" or "inside `f`")."""
-    grouped: Dict[ast.AST, List[Kind]] = {}
+    takes; ``message(kinds, guard, place)`` words it (``place``: "at module level" or "inside `f`"); ``fix(node)``,
+    when given, is the finding's fix kind."""
+    grouped: Dict[ast.AST, Tuple[str, List[Kind]]] = {}
     for found, kind in classified_imports(source):
-        if accepts(kind, source.guard(found.node)) and kind not in grouped.setdefault(found.node, []):
-            grouped[found.node].append(kind)
-    for node, kinds in grouped.items():
-        if kinds:
-            yield source.finding(rule, node, message(kinds, source.guard(node), where(source, node)))
+        guarded = guard(source, found, kind)
+        if accepts(kind, guarded):
+            kinds = grouped.setdefault(found.node, (guarded, []))[1]
+            if kind not in kinds:
+                kinds.append(kind)
+    for node, (guarded, kinds) in grouped.items():
+        text = message(kinds, guarded, where(source, node))
+        yield source.finding(rule, node, text, fix=fix(node) if fix is not None else None)
 
 
 def names(kinds: List[Kind]) -> str:

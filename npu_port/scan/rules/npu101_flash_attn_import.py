@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._imports import DROPIN_HANDLER, import_findings, names
+from ._dropin_guard import combine_guards, guard_import
+from ._imports import DROPIN_HANDLER, guardable, import_findings, names
 
 
 @register_rule
@@ -15,14 +16,18 @@ class FlashAttnImport(Rule):
 
     flash-attn is built only for CUDA GPUs (and not for every one of them): on an NPU, a CPU or a GPU without a
     matching wheel the import fails, and at module level the whole module with it. Under ``npu-port run`` the
-    flash_attn drop-in is served instead (computing through ``npu_port.attention``); ``npu-port fix`` wraps the import
-    in ``try`` with the drop-in as the fallback, which changes nothing where flash-attn is installed. Imports of
-    flash_attn modules the drop-in does not serve are NPU104; guarded ones are NPU106.
+    flash_attn drop-in is served instead (computing through ``npu_port.attention``). The safe fix puts the import in
+    ``try``; its ``except ImportError`` installs the drop-in (``install_dropins("flash_attn", broken=True)``: also
+    where flash-attn is installed but fails to load) and imports again — nothing changes where flash-attn imports
+    (:mod:`._dropin_guard` says why this is safe). Dynamic imports and statements that also import what no drop-in
+    serves are left to you. Imports of flash_attn modules the drop-in does not serve are NPU104; guarded ones NPU106;
+    one after ``install_dropins()`` is served and not reported.
 
     Example::
 
-        from flash_attn import flash_attn_func            # NPU101
-        from flash_attn.bert_padding import pad_input      # NPU101
+        from flash_attn import flash_attn_func            # NPU101, fixed to the guarded import
+        from flash_attn.bert_padding import pad_input      # NPU101, fixed to the guarded import
+        fa = importlib.import_module("flash_attn")         # NPU101, a manual fix
     """
 
     code = "NPU101"
@@ -30,7 +35,8 @@ class FlashAttnImport(Rule):
     message = "unguarded flash_attn import: fails without a CUDA flash-attn build"
     severity = "handled"
     targets = ("npu", "cpu", "gpu")
-    fix = "manual"  # a safe rewrite exists in principle; npu-port fix does not do it yet
+    fix = "safe"
+    rewrites_statement = True
     handled_by = DROPIN_HANDLER["flash_attn"]
     triggers = ("flash_attn",)
 
@@ -46,4 +52,11 @@ class FlashAttnImport(Rule):
             source,
             lambda k, g: k.kind == "handled" and k.by == self.handled_by and g in ("unguarded", "lazy"),
             message,
+            lambda node: "safe" if guardable(source, node) else "manual",
         )
+
+    def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
+        return guard_import(node)
+
+    def combine(self, first: Any, second: Any) -> Optional[Any]:
+        return combine_guards(first, second)

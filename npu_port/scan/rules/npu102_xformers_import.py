@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._imports import DROPIN_HANDLER, import_findings, names
+from ._dropin_guard import combine_guards, guard_import
+from ._imports import DROPIN_HANDLER, guardable, import_findings, names
 
 
 @register_rule
@@ -16,13 +17,16 @@ class XformersImport(Rule):
     xformers wheels are built against one torch and one CUDA: on an NPU, a CPU, or a GPU whose build does not match,
     the import fails (or warns and leaves every op broken), and at module level the whole module fails with it.
     Under ``npu-port run`` the xformers drop-in is served instead (``memory_efficient_attention`` and the attention
-    biases, through ``npu_port.attention``); ``npu-port fix`` wraps the import in ``try`` with the drop-in as the
-    fallback. xformers modules the drop-in does not serve are NPU104; guarded imports are NPU106.
+    biases, through ``npu_port.attention``). The safe fix puts the import in ``try``; its ``except ImportError``
+    installs the drop-in (``install_dropins("xformers", broken=True)``: also where xformers is installed but fails
+    to load) and imports again — nothing changes where xformers imports. Dynamic imports and statements that also
+    import what the drop-in lacks (``from xformers.ops import fmha, SwiGLU``) are left to you. xformers modules the
+    drop-in does not serve are NPU104; guarded imports NPU106; one after ``install_dropins()`` is served.
 
     Example::
 
-        import xformers.ops as xops                      # NPU102
-        from xformers.ops import memory_efficient_attention  # NPU102
+        import xformers.ops as xops                      # NPU102, fixed to the guarded import
+        from xformers.ops import memory_efficient_attention  # NPU102, fixed to the guarded import
     """
 
     code = "NPU102"
@@ -30,7 +34,8 @@ class XformersImport(Rule):
     message = "unguarded xformers import: fails without a matching CUDA xformers build"
     severity = "handled"
     targets = ("npu", "cpu", "gpu")
-    fix = "manual"  # a safe rewrite exists in principle; npu-port fix does not do it yet
+    fix = "safe"
+    rewrites_statement = True
     handled_by = DROPIN_HANDLER["xformers"]
     triggers = ("xformers",)
 
@@ -46,4 +51,11 @@ class XformersImport(Rule):
             source,
             lambda k, g: k.kind == "handled" and k.by == self.handled_by and g in ("unguarded", "lazy"),
             message,
+            lambda node: "safe" if guardable(source, node) else "manual",
         )
+
+    def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
+        return guard_import(node)
+
+    def combine(self, first: Any, second: Any) -> Optional[Any]:
+        return combine_guards(first, second)
