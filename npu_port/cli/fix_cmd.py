@@ -49,10 +49,15 @@ def run(args: argparse.Namespace) -> int:
     for one in fixes:
         if one.problem:
             lines.append(f"{one.path}: {one.problem}")
-    manual = [finding for one in fixes for finding in one.left if finding.fix == "manual"]
+    left = [finding for one in fixes for finding in one.left if finding.fix == "manual"]
+    manual = [f for f in left if f.severity in ("import", "runtime", "perf")]
+    handled = [f for f in left if f.severity == "handled"]
     if manual:
         lines.append(f"{len(manual)} need a manual change:")
         lines += [f"  {m.path}:{m.line}:{m.column} {m.code} {m.message}" for m in manual]
+    if handled:  # nothing to do under npu-port run; without it, the message says what to change
+        lines.append(f"{len(handled)} with no automatic fix are handled by npu-port as they are:")
+        lines += [f"  {m.path}:{m.line}:{m.column} {m.code} {m.message} [{m.handled_by}]" for m in handled]
     if not args.write and changed:
         lines.append("dry run: nothing written (--write applies the fixes)")
     sys.stderr.write("\n".join(lines) + "\n")

@@ -496,3 +496,21 @@ def test_a_real_package_that_loads_but_lacks_the_name_still_raises(tmp_path):
     assert result.returncode == 1 and last.startswith(
         "ImportError: cannot import name 'flash_attn_func' from 'flash_attn'"
     )
+
+
+def test_what_fix_leaves_is_told_apart_manual_changes_from_what_npu_port_handles(tmp_path, capsys):
+    """A finding with no automatic fix is a manual change only when it breaks or slows something; a ``handled``
+    one needs nothing under npu-port run (its mechanism is named); an ``info`` one is not listed."""
+    path = tmp_path / "m.py"
+    path.write_text(
+        "import torch\ntry:\n    import xformers\nexcept ImportError:\n    xformers = None\n\n\n"
+        "def f():\n    torch.cuda.set_device(0)\n    return torch.cuda.cudart()\n",
+        encoding="utf-8",
+    )
+    assert main(["fix", str(path)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "npu-port fix: would fix 0 findings in 0 files"
+    assert err[1] == "1 need a manual change:" and err[2].startswith(f"  {path}:10:12 NPU305 ")
+    assert err[3] == "1 with no automatic fix are handled by npu-port as they are:"
+    assert err[4].startswith(f"  {path}:9:5 NPU313 ") and err[4].endswith("[npu-port run (the CUDA redirect)]")
+    assert len(err) == 5  # the guarded xformers import (NPU106, info) is not a change to make
