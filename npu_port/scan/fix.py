@@ -22,8 +22,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import io
 import os
 import stat
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
@@ -44,6 +46,8 @@ class FileFix:
     fixed: List[Finding] = field(default_factory=list)
     left: List[Finding] = field(default_factory=list)
     problem: Optional[str] = None  # why the file was left as it was, when a rewrite went wrong
+    #: How the file is written back: the encoding it declares (PEP 263), ``utf-8-sig`` when it starts with a BOM.
+    encoding: str = "utf-8"
 
     def diff(self) -> str:
         if self.new is None:
@@ -89,11 +93,14 @@ def _rewrite(text: str, wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]]) ->
     statements: Dict[cst.BaseSmallStatement, List[Tuple[Type[Rule], Finding]]] = {}  # statement rewrites to make
     made: Dict[cst.BaseStatement, Type[Rule]] = {}  # the statements they wrote, by rule
 
+    replaced_names: List[str] = []
+
     def apply(rule: Type[Rule], finding: Finding, node: Any) -> Any:
         replaced = rule().rewrite(node, finding)
         if replaced is not None:
             done.append(finding)
             imports.extend(rule.fix_imports)
+            replaced_names.extend(rule.fix_replaces)
         return replaced
 
     def own_lines(line: Any) -> Any:
@@ -167,13 +174,50 @@ def _rewrite(text: str, wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]]) ->
         for name in dict.fromkeys(imports):
             AddImportsVisitor.add_needed_import(context, name)
         module = AddImportsVisitor(context).transform_module(module)
+    if replaced_names:
+        module = _drop_unused(module, set(replaced_names))
     return module.code, done
+
+
+def _drop_unused(module: Any, names: set) -> Any:
+    """``module`` without the ``from X import name`` of ``names`` the rewrites left unused (libcst's
+    ``RemoveImportsVisitor`` removes one only where nothing refers to it any more)."""
+    import libcst as cst
+    from libcst.codemod import CodemodContext
+    from libcst.codemod.visitors import RemoveImportsVisitor
+    from libcst.helpers import get_full_name_for_node
+
+    context = CodemodContext()
+    found = False
+    for node in _import_froms(module):
+        if node.module is None or node.relative or isinstance(node.names, cst.ImportStar):
+            continue
+        origin = get_full_name_for_node(node.module)
+        for alias in node.names:
+            name = get_full_name_for_node(alias.name)
+            if f"{origin}.{name}" in names:
+                asname = get_full_name_for_node(alias.asname.name) if alias.asname else None
+                RemoveImportsVisitor.remove_unused_import(context, origin, name, asname)
+                found = True
+    return RemoveImportsVisitor(context).transform_module(module) if found else module
+
+
+def _import_froms(module: Any) -> List[Any]:
+    import libcst as cst
+    import libcst.matchers as m
+
+    return [n for n in m.findall(module, m.ImportFrom()) if isinstance(n, cst.ImportFrom)]
 
 
 def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False) -> FileFix:
     """Fix one file in memory (nothing is written)."""
     found = scan_file(path, False, selected).findings
-    text = Path(path).read_bytes().decode("utf-8")  # the scan has read it; a non-UTF-8 file is left alone below
+    data = Path(path).read_bytes()
+    try:  # as the scan read it: the declared encoding, a BOM kept apart (and written back)
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        text = data.decode(encoding)
+    except (SyntaxError, LookupError, UnicodeDecodeError):  # the scan reported it (NPU001): nothing to fix
+        return FileFix(path, "", None, left=found)
     by_code = {r.code: r for r in selected}
     wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]] = {}
     for finding in found:
@@ -181,16 +225,21 @@ def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False) ->
         if rule is not None and fixable(finding, unsafe) and rule.rewrite is not Rule.rewrite:
             span = (finding.line, finding.column, finding.end_line, finding.end_column)
             wanted.setdefault(span, []).append((rule, finding))
-    result = FileFix(path, text, None)
+    result = FileFix(path, text, None, encoding=encoding)
     if not wanted:
         result.left = found
         return result
     try:
         new, done = _rewrite(text, wanted)
         ast.parse(new, filename=path)
+        new.encode(encoding)
     except SyntaxError as exc:  # a rule's rewrite is wrong: never write it, say so, go on with the other files
         result.left = found
         result.problem = f"not fixed: the fixes would not parse ({exc.msg}, line {exc.lineno})"
+        return result
+    except UnicodeEncodeError:
+        result.left = found
+        result.problem = f"not fixed: the fixes cannot be written in the file's encoding ({encoding})"
         return result
     except RecursionError:  # libcst recurses; code nested past its limit is left as it is
         result.left = found
@@ -220,20 +269,16 @@ def fix(
     for path in sorted({f.path for f in result.findings}):
         if not path.endswith(".py"):
             continue
-        try:
-            Path(path).read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            continue  # a file in another encoding is reported, not rewritten
         one = fix_file(path, chosen, unsafe)
         fixes.append(one)
         if write and one.new is not None:
-            _replace(path, one.new)
+            _replace(path, one.new.encode(one.encoding))
     return fixes
 
 
-def _replace(path: str, text: str) -> None:
-    """Write ``text`` over ``path`` atomically, keeping its permission bits."""
+def _replace(path: str, data: bytes) -> None:
+    """Write ``data`` over ``path`` atomically, keeping its permission bits."""
     from ..atomic import atomic_path
 
     with atomic_path(path, mode=stat.S_IMODE(os.stat(path).st_mode), exact_mode=True) as temporary:
-        temporary.write_bytes(text.encode("utf-8"))
+        temporary.write_bytes(data)

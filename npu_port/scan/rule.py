@@ -93,6 +93,8 @@ class Rule:
 
     #: Modules the rewrite needs imported (added once, after the file's own imports).
     fix_imports: ClassVar[Tuple[str, ...]] = ()
+    #: Qualified names the rewrite replaces: a ``from`` import of one left unused afterwards is removed.
+    fix_replaces: ClassVar[Tuple[str, ...]] = ()
     #: Whether :meth:`rewrite` replaces the whole statement, not the node: it is then given the small statement found
     #: (``import flash_attn``) on a line of its own — a ``SimpleStatementLine``, with the comments above it and the
     #: line's trailing one — and returns the statements to put there (a ``try``, which no line can hold).

@@ -514,3 +514,44 @@ def test_what_fix_leaves_is_told_apart_manual_changes_from_what_npu_port_handles
     assert err[3] == "1 with no automatic fix are handled by npu-port as they are:"
     assert err[4].startswith(f"  {path}:9:5 NPU313 ") and err[4].endswith("[npu-port run (the CUDA redirect)]")
     assert len(err) == 5  # the guarded xformers import (NPU106, info) is not a change to make
+
+
+def test_fix_writes_a_file_back_in_its_own_encoding_bom_included(tmp_path):
+    """A UTF-8 file with a byte-order mark keeps it; a file that declares latin-1 is fixed and stays latin-1."""
+    body = "import torch\n\n\ndef f(x):\n    return x.cuda()\n"
+    bom = tmp_path / "bom.py"
+    bom.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    latin = tmp_path / "latin.py"
+    latin.write_bytes(("# -*- coding: latin-1 -*-\n# caf\xe9\n" + body).encode("latin-1"))
+    assert main(["fix", str(tmp_path), "--write"]) == 0
+    fixed = "import torch\nimport npu_port\n\n\ndef f(x):\n    return x.to(npu_port.get_device().type)\n"
+    assert bom.read_bytes() == b"\xef\xbb\xbf" + fixed.encode()
+    assert latin.read_bytes() == ("# -*- coding: latin-1 -*-\n# caf\xe9\n" + fixed).encode("latin-1")
+    assert [f for f in fix([str(tmp_path)]) if f.new is not None] == []  # and a second run changes nothing
+
+
+def test_a_from_import_the_rewrites_leave_unused_is_removed_and_one_still_used_is_kept(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "import torch\n"
+        "from torch.backends.cuda import sdp_kernel as sk, SDPBackend\n"
+        "from torch.cuda import synchronize, empty_cache  # the memory helpers\n"
+        "\n\ndef f(q, k, v):\n"
+        "    synchronize()\n"
+        "    with sk(enable_math=True, enable_flash=False, enable_mem_efficient=False):\n"
+        "        return q, SDPBackend, empty_cache\n",
+        encoding="utf-8",
+    )
+    (one,) = fix([str(path)])
+    assert one.new == (
+        "import torch\n"
+        "from torch.backends.cuda import SDPBackend\n"
+        "from torch.cuda import empty_cache  # the memory helpers\n"
+        "import npu_port\n"
+        "import torch.nn.attention\n"
+        "\n\ndef f(q, k, v):\n"
+        "    npu_port.device.synchronize()\n"
+        "    with torch.nn.attention.sdpa_kernel("
+        "[torch.nn.attention.SDPBackend.MATH, torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):\n"
+        "        return q, SDPBackend, empty_cache\n"
+    )

@@ -34,6 +34,7 @@ class CudaSyncMemory(Rule):
     handled_by = "npu-port run (the CUDA redirect)"
     triggers = ("cuda",)
     fix_imports = ("npu_port",)
+    fix_replaces = tuple(f"torch.cuda.{name}" for name in HELPERS)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, name in cuda_calls(source):

@@ -33,6 +33,7 @@ class SdpKernel(Rule):
     handled_by = "npu-port run (the CUDA redirect)"
     triggers = ("sdp_kernel",)
     fix_imports = ("torch.nn.attention",)
+    fix_replaces = ("torch.backends.cuda.sdp_kernel",)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, qualified in source.calls():
