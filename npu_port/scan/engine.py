@@ -54,7 +54,7 @@ class FileResult:
     path: str
     vendored: bool
     findings: List[Finding] = field(default_factory=list)
-    parsed: bool = False
+    parsed: bool = False  # whether some rule read it (Python: parsed; other files: read by a text rule)
 
 
 @dataclass
@@ -270,6 +270,7 @@ def scan_file(path: str, vendored: bool, selected: Sequence[Type[Rule]]) -> File
         source_text = TextFile(path, text)
         for rule in interested:
             if any(fnmatch.fnmatch(name, p) for p in rule.file_patterns):
+                result.parsed = True
                 result.findings.extend(rule().check_text(source_text))
     if result.findings:
         found = set(result.findings)
