@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import List
 
+from ..hits import HitLog
 from .finder import Replacement, register, unregister
 
 _HERE = "npu_port.dropins."
@@ -43,11 +44,17 @@ DROP_INS = (
 )
 
 
+#: The calls of the flash_attn drop-in's functions that the project made, each counted once when it returned, with
+#: where it was made (``npu-port run --report`` lists them under NPU110). Cleared by :func:`install_dropins`.
+CALLS = HitLog()
+
+
 def install_dropins(force: bool = False) -> List[str]:
     """Register the drop-ins; returns their names. ``force``: serve them even where a real package is installed."""
     mode = "always" if force else "missing"
+    CALLS.clear()
     for template in DROP_INS:
-        register(dataclasses.replace(template, mode=mode, served=[], reason=None))
+        register(dataclasses.replace(template, mode=mode, served=[], imported_by={}, reason=None, log=HitLog()))
     return [template.name for template in DROP_INS]
 
 
