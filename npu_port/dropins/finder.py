@@ -49,9 +49,10 @@ class Replacement:
     distribution: Optional[str] = None  # package metadata to present, e.g. "flash-attn"
     version: Optional[str] = None
     served: List[str] = field(default_factory=list)  # full names actually served, for the run summary
-    imported_by: Dict[str, str] = field(default_factory=dict)  # full name -> the module whose import asked for it
     reason: Optional[str] = None  # why the stand-in is in use ("not installed", the real import's error)
-    log: HitLog = field(default_factory=HitLog)  # each full name served, with the line that imported it
+    # Records of one registration, never copied: ``dataclasses.replace(template, ...)`` gives a fresh, empty one.
+    imported_by: Dict[str, str] = field(default_factory=dict, init=False)  # full name -> the importing module
+    log: HitLog = field(default_factory=HitLog, init=False)  # each full name served, with the line that imported it
 
 
 _lock = threading.RLock()

@@ -45,16 +45,15 @@ DROP_INS = (
 
 
 #: The calls of the flash_attn drop-in's functions that the project made, each counted once when it returned, with
-#: where it was made (``npu-port run --report`` lists them under NPU110). Cleared by :func:`install_dropins`.
+#: where it was made (``npu-port run --report`` lists them under NPU110; ``npu_port.activate`` clears it).
 CALLS = HitLog()
 
 
 def install_dropins(force: bool = False) -> List[str]:
     """Register the drop-ins; returns their names. ``force``: serve them even where a real package is installed."""
     mode = "always" if force else "missing"
-    CALLS.clear()
     for template in DROP_INS:
-        register(dataclasses.replace(template, mode=mode, served=[], imported_by={}, reason=None, log=HitLog()))
+        register(dataclasses.replace(template, mode=mode, served=[], reason=None))
     return [template.name for template in DROP_INS]
 
 

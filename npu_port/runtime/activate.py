@@ -193,7 +193,7 @@ def activate(
     installed.
     """
     from ..device.redirect import redirect_cuda
-    from ..dropins.install import install_dropins, uninstall_dropins
+    from ..dropins.install import CALLS, install_dropins, uninstall_dropins
     from ..errors import NpuPortError
     from ..fallbacks.registry import install_builtin_fallbacks, uninstall_builtin_fallbacks
     from ..integrations.legacy_attention import hook_enable_xformers, is_routable_class, patch_legacy_attention
@@ -216,6 +216,7 @@ def activate(
         undo.append(redirect.uninstall)
         dropins = install_dropins(force=force_dropins)
         undo.append(uninstall_dropins)
+        CALLS.clear()  # the drop-in calls this run makes (npu-port run --report's NPU110)
         fallbacks = install_builtin_fallbacks()
         undo.append(uninstall_builtin_fallbacks)
         handle = set_attention_strategy(profile or strategy or "auto")
