@@ -17,6 +17,9 @@ from ..hits import HitLog
 from .finder import Replacement, register, unregister
 
 _HERE = "npu_port.dropins."
+#: The calls of the flash_attn drop-in's functions that the project made, each counted once when it returned, with
+#: where it was made (``npu-port run --report`` lists them under NPU110; ``npu_port.activate`` clears it).
+CALLS = HitLog()
 
 #: The drop-ins, as registration templates (installing registers fresh copies).
 DROP_INS = (
@@ -42,11 +45,6 @@ DROP_INS = (
         version="0.0.32.post2",
     ),
 )
-
-
-#: The calls of the flash_attn drop-in's functions that the project made, each counted once when it returned, with
-#: where it was made (``npu-port run --report`` lists them under NPU110; ``npu_port.activate`` clears it).
-CALLS = HitLog()
 
 
 def install_dropins(force: bool = False) -> List[str]:
