@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Dict, Iterable, List, Optional
 
+from ..hits import HitLog
+
 #: The logger that reports a real module failing to load. Its name predates the split of ``npu_port.shims`` into
 #: :mod:`npu_port.dropins` and :mod:`npu_port.fallbacks` and is kept: it is documented, and logging set-ups name it.
 LOGGER_NAME = "npu_port.shims"
@@ -47,8 +49,10 @@ class Replacement:
     distribution: Optional[str] = None  # package metadata to present, e.g. "flash-attn"
     version: Optional[str] = None
     served: List[str] = field(default_factory=list)  # full names actually served, for the run summary
-    imported_by: Dict[str, str] = field(default_factory=dict)  # full name -> the module whose import asked for it
     reason: Optional[str] = None  # why the stand-in is in use ("not installed", the real import's error)
+    # Records of one registration, never copied: ``dataclasses.replace(template, ...)`` gives a fresh, empty one.
+    imported_by: Dict[str, str] = field(default_factory=dict, init=False)  # full name -> the importing module
+    log: HitLog = field(default_factory=HitLog, init=False)  # each full name served, with the line that imported it
 
 
 _lock = threading.RLock()
@@ -78,6 +82,7 @@ class _StandInLoader(importlib.abc.Loader):
             module.__version__ = self.replacement.version  # `pkg.__version__` checks are common
         self.replacement.served.append(self.fullname)
         self.replacement.imported_by.setdefault(self.fullname, _importer())
+        self.replacement.log.hit(self.fullname)
 
 
 class _RealOrFallbackLoader(importlib.abc.Loader):

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from ..errors import AttentionInputError, DropInError
 from ._attention import attend_bshd, attend_dense, attend_packed, key_length_keep, window_bounds
+from .install import CALLS
 
 
 def _refuse(function: str, argument: str, why: str, instead: str) -> None:
@@ -80,6 +81,7 @@ def _check_supported(
         )
 
 
+@CALLS.counts_calls
 def flash_attn_func(
     q: Tensor,
     k: Tensor,
@@ -99,6 +101,7 @@ def flash_attn_func(
     return attend_dense(q, k, v, left=left, right=right, bottom_right=True, dropout_p=dropout_p, scale=softmax_scale)
 
 
+@CALLS.counts_calls
 def flash_attn_qkvpacked_func(
     qkv: Tensor,
     dropout_p: float = 0.0,
@@ -116,6 +119,7 @@ def flash_attn_qkvpacked_func(
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size)
 
 
+@CALLS.counts_calls
 def flash_attn_kvpacked_func(
     q: Tensor,
     kv: Tensor,
@@ -134,6 +138,7 @@ def flash_attn_kvpacked_func(
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size)
 
 
+@CALLS.counts_calls
 def flash_attn_varlen_func(
     q: Tensor,
     k: Tensor,
@@ -170,6 +175,7 @@ def flash_attn_varlen_func(
     )
 
 
+@CALLS.counts_calls
 def flash_attn_varlen_qkvpacked_func(
     qkv: Tensor,
     cu_seqlens: Tensor,
@@ -191,6 +197,7 @@ def flash_attn_varlen_qkvpacked_func(
     )
 
 
+@CALLS.counts_calls
 def flash_attn_varlen_kvpacked_func(
     q: Tensor,
     kv: Tensor,
@@ -215,6 +222,7 @@ def flash_attn_varlen_kvpacked_func(
     )
 
 
+@CALLS.counts_calls
 def flash_attn_with_kvcache(
     q: Tensor,
     k_cache: Tensor,

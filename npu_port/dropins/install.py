@@ -16,9 +16,13 @@ from __future__ import annotations
 import dataclasses
 from typing import List
 
+from ..hits import HitLog
 from .finder import Replacement, register, unregister
 
 _HERE = "npu_port.dropins."
+#: The calls of the flash_attn drop-in's functions that the project made, each counted once when it returned, with
+#: where it was made (``npu-port run --report`` lists them under NPU110; ``npu_port.activate`` clears it).
+CALLS = HitLog()
 
 #: The drop-ins, as registration templates (installing registers fresh copies).
 DROP_INS = (

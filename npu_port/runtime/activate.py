@@ -19,7 +19,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 logger = logging.getLogger("npu_port.run")
 
@@ -58,6 +58,7 @@ class Activation:
         """Device, strategy, and for every piece what was patched and how often it was hit (JSON-ready)."""
         from ..dropins.finder import registered
         from ..integrations.legacy_attention import hooked_routes
+        from .handled import by_rule
 
         served = {name: list(r.served) for name, r in registered().items() if r.served}
         importers = {name: dict(r.imported_by) for name, r in registered().items() if r.served}
@@ -88,9 +89,32 @@ class Activation:
             "overrides": self.overrides.summary() if self.overrides is not None else [],
             "safe_math": self.safe_math,
             "npu_options": self.npu_options.as_dict() if self.npu_options is not None else None,
+            "by_rule": by_rule(self._hits()),
         }
 
+    def _hits(self) -> List[Tuple[str, Any]]:
+        """``(mechanism, hit snapshot)`` of every piece that counts what it handled (see :mod:`.handled`)."""
+        from ..dropins.finder import registered
+        from ..dropins.install import CALLS
+        from ..integrations.legacy_attention import hook_hits
+        from . import handled
+
+        log = self.redirect.hit_log()
+        sources = [(handled.REDIRECT, log.snapshot() if log is not None else None)]
+        served_by = {"flash_attn": handled.FLASH_ATTN_DROPIN, "xformers": handled.XFORMERS_DROPIN}
+        for name, replacement in registered().items():
+            if name in self.dropins or name in self.fallbacks:
+                sources.append((served_by.get(name, handled.FALLBACK), replacement.log.snapshot()))
+        sources.append((handled.FLASH_ATTN_DROPIN, CALLS.snapshot()))
+        hook = hook_hits()
+        sources.append((handled.XFORMERS_HOOK, hook.snapshot() if hook is not None else None))
+        if self.device_checks is not None:
+            sources.append((handled.DEVICE_CHECKS, handled.device_check_hits(self.device_checks.summary())))
+        return sources
+
     def format_summary(self) -> str:
+        from .handled import format_by_rule
+
         data = self.summary()
         hits = ", ".join(f"{k} x{v}" for k, v in sorted(data["redirect"]["hits"].items())) or "none"
         calls = ", ".join(f"{k} x{v}" for k, v in sorted(data["attention_calls"].items())) or "none"
@@ -118,6 +142,7 @@ class Activation:
         if data["npu_options"] is not None:
             mode = "dry run" if data["npu_options"]["dry_run"] else "applied"
             lines.append(f"  Ascend options ({mode}): {len(data['npu_options']['actions'])} settings")
+        lines += format_by_rule(data["by_rule"])
         return "\n".join(lines)
 
     def deactivate(self) -> None:
@@ -168,7 +193,7 @@ def activate(
     installed.
     """
     from ..device.redirect import redirect_cuda
-    from ..dropins.install import install_dropins, uninstall_dropins
+    from ..dropins.install import CALLS, install_dropins, uninstall_dropins
     from ..errors import NpuPortError
     from ..fallbacks.registry import install_builtin_fallbacks, uninstall_builtin_fallbacks
     from ..integrations.legacy_attention import hook_enable_xformers, is_routable_class, patch_legacy_attention
@@ -191,6 +216,7 @@ def activate(
         undo.append(redirect.uninstall)
         dropins = install_dropins(force=force_dropins)
         undo.append(uninstall_dropins)
+        CALLS.clear()  # the drop-in calls this run makes (npu-port run --report's NPU110)
         fallbacks = install_builtin_fallbacks()
         undo.append(uninstall_builtin_fallbacks)
         handle = set_attention_strategy(profile or strategy or "auto")

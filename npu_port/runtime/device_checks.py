@@ -13,7 +13,9 @@ path the project never took on CUDA — although the drop-ins and the redirect w
 
 Which expressions these are is defined once, by the scan rule NPU390
 (:mod:`npu_port.scan.rules.npu390_device_type_check`): ``npu-port scan`` reports exactly what ``npu-port run``
-rewrites, and the run's report lists the rewrites under that code.
+rewrites, and the run's report lists the rewrites under that code. The rule is imported only for a file that may
+hold such a check (it says "cuda" and ".type" or "is_cuda"): importing it imports the whole scan package (about
+30 ms, measured after torch), which a program without such a check should not pay at start-up.
 
 Nothing else in the file changes: the rest of its code, its line numbers (tracebacks point at the user's lines) and
 every other device string are left alone. Each rewrite is recorded — module, line, the source text — with how often
@@ -32,12 +34,14 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..scan.rules.npu390_device_type_check import CUDA, DeviceTypeCheck, cuda_type_side, is_cuda_read
+from .handled import DEVICE_CHECK, DEVICE_CHECKS, RULES
 
 #: The name the rewritten code calls; injected into each rewritten module's globals.
 HELPER = "__npu_port_device_checks__"
 #: The scan rule whose findings these rewrites handle (``npu-port run --report`` lists them under it).
-RULE = DeviceTypeCheck.code
+RULE = RULES[DEVICE_CHECKS][DEVICE_CHECK]
+#: The device type CUDA-written checks compare with.
+CUDA = "cuda"
 
 
 @dataclass
@@ -67,10 +71,14 @@ class _Rewriter(ast.NodeTransformer):
     """Wraps the device-type reads of CUDA comparisons and every ``.is_cuda`` read in a call of the helper."""
 
     def __init__(self, checks: "DeviceChecks", module: str, filename: str, source: str) -> None:
+        from ..scan.rules.npu390_device_type_check import cuda_type_side, is_cuda_read  # see the module docstring
+
         self.checks = checks
         self.module = module
         self.filename = filename
         self.source = source
+        self.cuda_type_side = cuda_type_side
+        self.is_cuda_read = is_cuda_read
 
     def _call(self, method: str, argument: ast.expr, shown: ast.expr) -> ast.Call:
         """``HELPER.method(argument, site)`` in place of ``shown``'s part; ``site`` indexes the record."""
@@ -84,7 +92,7 @@ class _Rewriter(ast.NodeTransformer):
 
     def visit_Compare(self, node: ast.Compare) -> ast.AST:
         self.generic_visit(node)
-        side = cuda_type_side(node)
+        side = self.cuda_type_side(node)
         if side == "left":
             node.left = self._call("type", node.left, node)
         elif side == "right":
@@ -93,7 +101,7 @@ class _Rewriter(ast.NodeTransformer):
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         self.generic_visit(node)
-        if is_cuda_read(node):
+        if self.is_cuda_read(node):
             return self._call("is_cuda", node.value, node)
         return node
 

@@ -87,8 +87,7 @@ def _run_script(path: str, transform: Optional[Transform], init_globals: Dict[st
         __loader__=importlib.machinery.SourceFileLoader("__main__", path),
         __package__=None,
         __spec__=None,
-        **init_globals,
-        **extra,
+        **{**init_globals, **extra},  # both may name the device-checks helper (the same object)
     )
     saved = sys.modules.get("__main__")
     sys.modules["__main__"] = module

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import npu_port
 from npu_port.device.redirect import patched_attributes, redirect_cuda
+from npu_port.device.redirect.install import CUDA_SAVED
 from npu_port.device.redirect.mapping import DeviceMapper
 from npu_port.errors import DeviceError, RedirectError
 
@@ -201,6 +202,45 @@ def test_a_checkpoint_saved_on_cuda_loads_onto_the_target(cuda_tagged_checkpoint
             loaded = torch.load(io.BytesIO(cuda_tagged_checkpoint), map_location=location)
             assert loaded["w"].device.type == "cpu"
             assert torch.equal(loaded["w"], torch.arange(6.0).reshape(2, 3))
+
+
+def test_torch_load_counts_a_cuda_map_location_apart_from_cuda_saved_storages(cuda_tagged_checkpoint):
+    plain = io.BytesIO()
+    torch.save({"w": torch.ones(2)}, plain)
+    with redirect_cuda("cpu") as redirect:
+        torch.load(io.BytesIO(plain.getvalue()))  # nothing of CUDA in the call or the file: nothing handled
+        torch.load(io.BytesIO(plain.getvalue()), map_location={"cpu": "cpu"})  # a new dict, nothing mapped
+        assert redirect.hits() == {}
+        torch.load(io.BytesIO(cuda_tagged_checkpoint))
+        torch.load(io.BytesIO(cuda_tagged_checkpoint), map_location="cuda")
+        torch.load(io.BytesIO(cuda_tagged_checkpoint), map_location={"cuda:0": "cuda:1"})
+        assert redirect.hits() == {CUDA_SAVED: 1, "torch.load": 2}
+
+
+def test_hits_are_placed_at_the_lines_that_asked_for_cuda(quiet):
+    line = sys._getframe().f_lineno
+    with redirect_cuda("cpu") as redirect:
+        torch.zeros(1, device="cuda")
+        nn.Linear(2, 2).cuda()
+        torch.cuda.amp.GradScaler()  # through torch.cuda.amp and typing_extensions' deprecation wrapper
+        with torch.cuda.amp.autocast():
+            torch.cuda.synchronize()
+        for _ in range(3):
+            torch.cuda.nvtx.range_push("step")
+            torch.cuda.nvtx.range_pop()
+        places = {kind: [place for _, place in where] for kind, where in redirect.hit_log().places.items()}
+        counts = redirect.hits()
+    assert places == {
+        "torch.zeros": [(__file__, line + 2)],
+        "Module.cuda": [(__file__, line + 3)],
+        "GradScaler": [(__file__, line + 4)],
+        "autocast": [(__file__, line + 5)],
+        "torch.cuda.synchronize": [(__file__, line + 6)],
+        "torch.cuda.nvtx.range_push": [(__file__, line + 8)],
+        "torch.cuda.nvtx.range_pop": [(__file__, line + 9)],
+    }
+    assert counts["torch.cuda.nvtx.range_push"] == counts["torch.cuda.nvtx.range_pop"] == 3
+    assert redirect.hit_log() is None  # uninstalled
 
 
 def test_only_device_strings_are_rewritten():

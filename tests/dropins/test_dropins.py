@@ -667,3 +667,18 @@ def test_a_real_package_wins_unless_forced(tmp_path):
         extra_path=str(real),
     )
     assert out.strip().endswith("OK")
+
+
+def test_each_registration_records_its_own_importers_and_hits():
+    """A registration copied from the templates starts with empty records (they used to share ``imported_by``, so a
+    second ``npu-port run`` in one process named the first one's importer)."""
+    import dataclasses
+
+    from npu_port.dropins.install import DROP_INS
+
+    first = dataclasses.replace(DROP_INS[0], served=[])
+    first.imported_by["flash_attn"] = "earlier.module"
+    first.log.hit("flash_attn")
+    second = dataclasses.replace(DROP_INS[0], served=[])
+    assert (second.imported_by, second.log.counts) == ({}, {})
+    assert (DROP_INS[0].imported_by, DROP_INS[0].log.counts) == ({}, {})

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from npu_port.infer.models import tiny_model_dir
+from npu_port.scan.engine import scan
 
 #: The project runs a text-to-image pipeline built with the diffusers extra's API (transformers' CLIP included); the
 #: compatibility matrix covers `npu-port run` under old diffusers in tests/integrations/test_diffusers_compat.py.
@@ -108,3 +109,11 @@ def test_under_npu_port_run_it_runs_unchanged_and_matches_the_cpu_reference(proj
     for entry in ("Tensor.cuda", "Module.cuda", "torch.randn", "torch.Generator", "init_process_group"):
         assert hits.get(entry, 0) > 0, entry
     assert report["strategy"]["requested"] == "auto"
+    # what run handled, by rule, is what npu-port scan calls handled in the project (every handled finding is reached)
+    scanned = scan([str(root / "project")])
+    assert set(report["by_rule"]) == {f.code for f in scanned.findings if f.severity == "handled"}
+    assert report["by_rule"]["NPU103"] == {
+        "name": "cuda-extension-fallback",
+        "count": 1,
+        "where": [f"{root / 'project' / 'models' / 'corr.py'}:3"],  # the module that imported alt_cuda_corr
+    }

@@ -29,11 +29,14 @@ from npu_port.integrations.legacy_attention import (
     active_patches,
     find_legacy_attention,
     hook_enable_xformers,
+    hook_hits,
     is_legacy_attention_class,
     patch_legacy_attention,
     unhook_enable_xformers,
     xformers_route,
 )
+from npu_port.integrations.legacy_attention.contract import XFORMERS_SETTER
+from npu_port.integrations.legacy_attention.xformers_hook import ENABLE
 from npu_port.strategy.api import StrategyHandle
 
 from ..conftest import HOOKED
@@ -430,9 +433,17 @@ def test_unhook_restores_the_routes_and_the_diffusers_methods():
     model = legacy_model_mixin_class()()
     unet = tiny.tiny_unet()
     before = _processors(unet)
+    line = sys._getframe().f_lineno
     unet.enable_xformers_memory_efficient_attention()
     model.set_use_memory_efficient_attention_xformers(True)
+    model.set_use_memory_efficient_attention_xformers(False)  # switching off handles nothing: not counted
+    model.set_use_memory_efficient_attention_xformers(True)
     assert xformers_route(unet).strategy.strategy.name == "sdpa" and active_patches()
+    assert hook_hits().counts == {ENABLE: 1, XFORMERS_SETTER: 2}  # what npu-port run lists as NPU120
+    assert {kind: [place for _, place in where] for kind, where in hook_hits().places.items()} == {
+        ENABLE: [(__file__, line + 1)],
+        XFORMERS_SETTER: [(__file__, line + 2), (__file__, line + 4)],
+    }
     hook()  # the hook is its own undo callable (what npu_port.activate keeps)
     unhook_enable_xformers()  # nothing left to do: safe
     assert all(vars(cls)[name] is original for (cls, name), original in originals.items())

@@ -23,6 +23,7 @@ LAYER = {
     "atomic": 0,
     "weak": 0,
     "_patching": 0,
+    "hits": 0,
     "device": 1,
     "distributed": 1,
     "attn": 2,

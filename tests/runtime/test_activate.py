@@ -10,6 +10,8 @@ import torch
 import npu_port
 from npu_port.device.redirect import patched_attributes
 from npu_port.dropins.finder import StandInFinder, registered
+from npu_port.runtime.launch import run_entry
+from npu_port.runtime.locate import resolve_entry
 from npu_port.runtime.watch_imports import ImportWatcher
 
 
@@ -19,6 +21,7 @@ def test_activate_then_deactivate_leaves_nothing_behind(tmp_path):
     tensor_cuda, autocast_init = torch.Tensor.cuda, torch.amp.autocast_mode.autocast.__init__
     activation = npu_port.activate("cpu", watch=[str(tmp_path)])
     try:
+        line = sys._getframe().f_lineno
         assert torch.zeros(1, device="cuda").device.type == "cpu"
         assert set(registered()) >= {"flash_attn", "xformers", "alt_cuda_corr"}
         import flash_attn
@@ -30,6 +33,11 @@ def test_activate_then_deactivate_leaves_nothing_behind(tmp_path):
         assert summary["device"] == "cpu" and summary["strategy"]["requested"] == "auto"
         assert summary["drop_ins"]["served"]["flash_attn"][0] == "flash_attn"
         assert summary["safe_math"] is None
+        assert summary["by_rule"] == {
+            "NPU101": {"name": "flash-attn-import", "count": 1, "where": [f"{__file__}:{line + 3}"]},
+            "NPU110": {"name": "flash-attn-call", "count": 1, "where": [f"{__file__}:{line + 6}"]},
+            "NPU310": {"name": "cuda-device-literal", "count": 1, "where": [f"{__file__}:{line + 1}"]},
+        }
     finally:
         activation.deactivate()
     activation.deactivate()  # twice is safe
@@ -57,3 +65,19 @@ def test_a_safe_math_profile_keeps_autocast_in_float32_and_tf32_off():
     assert torch.amp.autocast_mode.autocast.__init__ is autocast_init
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert (a @ a).dtype == torch.bfloat16
+
+
+def test_an_entry_script_whose_device_type_check_is_rewritten_runs(tmp_path):
+    """The rewritten script needs the helper in its globals, which activate's init_globals gives too: given twice,
+    it used to stop the script before its first line (TypeError: multiple values for keyword argument)."""
+    script = tmp_path / "check.py"
+    script.write_text('import torch\n\nassert torch.zeros(1, device="cuda").device.type == "cuda"\n')
+    activation = npu_port.activate("cpu", watch=[str(tmp_path)])
+    try:
+        outcome = run_entry(resolve_entry(str(script), False), [], transform=activation.transform,
+                            init_globals=activation.init_globals)  # fmt: skip
+        checks = activation.summary()["device_checks"]
+    finally:
+        activation.deactivate()
+    assert (outcome.status, outcome.error) == ("completed", None)
+    assert [(c["line"], c["hits"]) for c in checks] == [(3, 1)]

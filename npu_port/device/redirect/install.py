@@ -14,11 +14,12 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ...errors import RedirectError
+from ...hits import HitLog
 from ..detect import DeviceLike, get_device
 from . import wrappers
 from .cuda_api import cuda_api, nvtx_api
 from .ledger import PatchLedger
-from .mapping import DeviceMapper, counting
+from .mapping import DeviceMapper
 
 #: torch functions whose ``device=`` keyword may name a CUDA device (those this torch has are patched).
 FACTORY_FUNCTIONS = (
@@ -32,19 +33,21 @@ FACTORY_FUNCTIONS = (
 TENSOR_FACTORY_METHODS = ("new_empty", "new_empty_strided", "new_full", "new_ones", "new_tensor", "new_zeros")
 #: The hit key counting ``torch.cuda.is_available()`` answering False (unless ``cuda_available=True``).
 UNAVAILABLE = "torch.cuda.is_available() -> False"
+#: The hit key counting ``torch.load`` calls without ``map_location`` that met CUDA-saved storages (put on the target).
+CUDA_SAVED = "torch.load (CUDA-saved storages)"
 
 _lock = threading.RLock()
 
 
 class _Installed:
-    """The one live installation: its ledger, target, options and hit counts."""
+    """The one live installation: its ledger, target, options and hits (counts and places, :mod:`npu_port.hits`)."""
 
     def __init__(self, target: torch.device, cuda_available: bool):
         self.target = target
         self.cuda_available = cuda_available
         self.ledger = PatchLedger()
         self.mapper = DeviceMapper(target.type)
-        self.hits: Dict[str, int] = {}
+        self.log = HitLog()
         self.depth = 0
 
 
@@ -59,7 +62,7 @@ def _plan(state: _Installed) -> List[Tuple[Any, str, Any]]:
     mapper = state.mapper
 
     def hit(key: str):
-        return counting(state.hits, key)
+        return state.log.counter(key)
 
     plan: List[Tuple[Any, str, Any]] = []
     for name in FACTORY_FUNCTIONS:
@@ -74,7 +77,9 @@ def _plan(state: _Installed) -> List[Tuple[Any, str, Any]]:
             )
         )
     for owner in (torch, torch.serialization):
-        plan.append((owner, "load", wrappers.load(torch.serialization.load, mapper, hit("torch.load"))))
+        plan.append(
+            (owner, "load", wrappers.load(torch.serialization.load, mapper, hit("torch.load"), hit(CUDA_SAVED)))
+        )
     plan.append((torch, "Generator", wrappers.generator_proxy(torch.Generator, mapper, hit("torch.Generator"))))
 
     for name in TENSOR_FACTORY_METHODS:
@@ -116,9 +121,11 @@ def _plan(state: _Installed) -> List[Tuple[Any, str, Any]]:
     plan.append((torch.backends.cuda, "sdp_kernel", wrappers.sdp_kernel(mapper, hit("torch.backends.cuda.sdp_kernel"))))
 
     for name, function in cuda_api(state.target, mapper).items():
-        plan.append((torch.cuda, name, _counted(function, hit(f"torch.cuda.{name}"))))
+        # classes (Stream, device, the legacy tensor types) stay as they are, for isinstance: not counted
+        counted = function if isinstance(function, type) else _counted(function, hit(f"torch.cuda.{name}"))
+        plan.append((torch.cuda, name, counted))
     for name, function in nvtx_api().items():
-        plan.append((torch.cuda.nvtx, name, function))
+        plan.append((torch.cuda.nvtx, name, _counted(function, hit(f"torch.cuda.nvtx.{name}"))))
     if state.cuda_available:
         plan.append((torch.cuda, "is_available", lambda: True))
         plan.append((torch.Tensor, "is_cuda", property(lambda self: self.device.type in ("cuda", state.target.type))))
@@ -177,9 +184,7 @@ def _false_answers_counted(is_available: Any, hit: Any) -> Any:
 
 
 def _counted(function: Any, hit: Any) -> Any:
-    """Count calls of a ``torch.cuda`` replacement; classes (Stream, legacy tensor types) are kept as they are."""
-    if isinstance(function, type):
-        return function
+    """Count calls of a ``torch.cuda`` replacement (a function: classes are kept as they are)."""
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         hit()
@@ -258,7 +263,12 @@ class CudaRedirect:
 
     def hits(self) -> Dict[str, int]:
         """How often each redirected entry point rewrote a call (empty once uninstalled)."""
-        return dict(_active.hits) if _active is not None and self.installed else {}
+        return dict(_active.log.counts) if _active is not None and self.installed else {}
+
+    def hit_log(self) -> Optional[HitLog]:
+        """The hits with their first places (what ``npu-port run --report`` lists by rule); None once uninstalled
+        (and for a cuda target, which redirects nothing)."""
+        return _active.log if _active is not None and self.installed else None
 
     def __enter__(self) -> "CudaRedirect":
         return self.install()

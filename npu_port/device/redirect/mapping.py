@@ -9,7 +9,7 @@ the index is dropped (there is one cpu); on npu / xpu it is kept.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch.serialization import default_restore_location
@@ -72,12 +72,3 @@ class DeviceMapper:
         if match is None:
             return default_restore_location(storage, location)
         return default_restore_location(storage, self._string(int(match.group(1)) if match.group(1) else None))
-
-
-def counting(hits: dict, key: str) -> Callable[[], None]:
-    """A cheap callback that counts how often ``key`` rewrote something (for ``npu-port run``'s summary)."""
-
-    def hit() -> None:
-        hits[key] = hits.get(key, 0) + 1
-
-    return hit

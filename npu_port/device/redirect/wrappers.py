@@ -42,13 +42,29 @@ def device_keywords(
     return wrapper
 
 
-def load(original: Callable, mapper: DeviceMapper, hit: Hit):
-    """``torch.load``: only ``map_location`` is looked at, never the file name; CUDA storages land on the target."""
+def load(original: Callable, mapper: DeviceMapper, hit: Hit, hit_saved: Optional[Hit] = None):
+    """``torch.load``: only ``map_location`` is looked at, never the file name; CUDA storages land on the target.
+
+    ``hit`` counts a CUDA ``map_location`` rewritten; ``hit_saved`` a call without one that met CUDA-saved storages
+    (counted apart: no CUDA was written in that call, and most checkpoints hold none)."""
 
     @functools.wraps(original)
     def wrapper(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if map_location is None:
+            met = []
+            restore_cuda = mapper.map_location(None)
+
+            def restore(storage: Any, location: str) -> Any:
+                if not met and mapper.is_cuda(location):
+                    met.append(location)
+                return restore_cuda(storage, location)
+
+            result = original(f, restore, *args, **kwargs)
+            if met and hit_saved is not None:
+                hit_saved()
+            return result
         mapped = mapper.map_location(map_location)
-        if mapped is not map_location:
+        if mapped is not map_location and mapped != map_location:  # a dict comes back new even when nothing changed
             hit()
         return original(f, mapped, *args, **kwargs)
 

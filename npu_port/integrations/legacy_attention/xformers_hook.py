@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ... import _patching
+from ...hits import HitLog
 from .contract import XFORMERS_SETTER, find_legacy_attention
 from .patch import LegacyPatch, patch_legacy_attention
 
@@ -105,6 +106,9 @@ class XformersHook:
         #: freed meanwhile.
         self._legacy: List[LegacyPatch] = []
         self.restored = False
+        #: the switches the project turned on (each call, by method, with where it was made): npu-port run's report
+        #: lists them under NPU120.
+        self.hits = HitLog()
 
     # ---- what the hooked methods do ---------------------------------------------------------------------------
 
@@ -158,6 +162,7 @@ class XformersHook:
 
         def enable_xformers_memory_efficient_attention(self, attention_op=None):
             hook.enable(self, attention_op)
+            hook.hits.hit(ENABLE)
 
         def disable_xformers_memory_efficient_attention(self):
             hook.disable(self, original_setter)
@@ -165,6 +170,7 @@ class XformersHook:
         def set_use_memory_efficient_attention_xformers(self, valid, attention_op=None):
             if valid:
                 hook.enable(self, attention_op)
+                hook.hits.hit(XFORMERS_SETTER)
             else:
                 hook.disable(self, original_setter)
 
@@ -242,6 +248,11 @@ def hooked_routes() -> List[Dict[str, Any]]:
         {"object": name, "routed": described, "calls": dict(router.calls) if router is not None else {}}
         for name, described, router in list(_HOOK.history)
     ]
+
+
+def hook_hits() -> Optional[HitLog]:
+    """The xformers switches the hooked methods answered, by method, with where each was called (None: not hooked)."""
+    return _HOOK.hits if _HOOK is not None else None
 
 
 def xformers_route(obj: Any) -> Optional[XformersRoute]:
