@@ -322,9 +322,18 @@ class PythonFile:
             child, parent = parent, self.parents.get(parent)
         return True
 
-    def finding(self, rule: Rule, node: ast.AST, message: Optional[str] = None, fix: Optional[str] = None) -> Finding:
+    def finding(
+        self,
+        rule: Rule,
+        node: ast.AST,
+        message: Optional[str] = None,
+        fix: Optional[str] = None,
+        severity: Optional[str] = None,
+    ) -> Finding:
         """A finding of ``rule`` at ``node`` (columns in characters, as editors and libcst count them: ast counts
-        UTF-8 bytes); ``message`` and ``fix`` default to the rule's."""
+        UTF-8 bytes); ``message``, ``fix`` and ``severity`` default to the rule's. A finding more serious than its
+        rule's usual case says so (``.cuda()`` is handled by npu-port run; a storage's ``.cuda()`` is not, and raises):
+        ``--fail-on``, the summary and SARIF read each finding's own severity."""
         line, column, end_line, end_column = node_span(node)
         lines = self.lines
         column = _characters(lines, line, column)
@@ -338,9 +347,9 @@ class PythonFile:
             end_line,
             end_column,
             message or rule.message,
-            rule.severity,
+            severity or rule.severity,
             fix or rule.fix,
-            rule.handled_by,
+            rule.handled_by if (severity or rule.severity) == "handled" else None,
             snippet,
         )
 
