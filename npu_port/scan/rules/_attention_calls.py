@@ -123,6 +123,23 @@ def xformers_missing(qualified: str) -> Optional[str]:
     return None
 
 
+def xformers_lookup_missing(source: PythonFile, node: ast.AST) -> Optional[str]:
+    """:func:`xformers_missing` for the name ``node`` (a ``Name`` / ``Attribute`` chain) spells, when the drop-in's
+    lack shows at this lookup (``xops.fmha.cutlass.FwOp``: AttributeError here); None when the file's import already
+    names the missing part (``from xformers.ops.fmha import Inputs``: the import fails, and the import rules, NPU104
+    / NPU106, report it there)."""
+    missing = xformers_missing(source.resolve(node) or "")
+    if missing is None:
+        return None
+    root = node
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    imported = source.binding(root.id, root) if isinstance(root, ast.Name) else None
+    if imported is not None and (imported == missing or imported.startswith(missing + ".")):
+        return None
+    return missing
+
+
 @dataclass(frozen=True)
 class BiasClass:
     """One attention-bias class of the drop-in: its members (inherited ones included) and what each method returns
@@ -211,9 +228,8 @@ def xformers_bias(source: PythonFile, node: Optional[ast.AST]) -> Bias:
             return Bias()
     if base is None or not base.startswith("xformers."):
         return Bias()
-    missing = xformers_missing(base)
-    if missing is not None:
-        return Bias(missing=missing)
+    if xformers_missing(base) is not None:
+        return Bias(missing=xformers_lookup_missing(source, current))  # type: ignore[arg-type]
     classes = xformers_bias_classes()
     parts = base.split(".")
     at = next((i for i, part in enumerate(parts) if part in classes), None)
@@ -231,11 +247,13 @@ def xformers_bias(source: PythonFile, node: Optional[ast.AST]) -> Bias:
 
 
 def xformers_refused(source: PythonFile, call: ast.Call) -> List[str]:
-    """What of an xformers call the drop-in lacks: the function itself, the ``attn_bias`` class or one of its
-    methods, an ``op`` from a kernel module it does not serve (each an AttributeError under npu-port run)."""
-    function = xformers_missing(source.resolve(call) or "")
-    if function is not None:
-        return [function]
+    """What of an xformers call the drop-in lacks, looked up in the call (:func:`xformers_lookup_missing`): the
+    function itself, the ``attn_bias`` class or one of its methods, an ``op`` from a kernel module it does not serve
+    (each an AttributeError under npu-port run). Empty when the call needs nothing the drop-in lacks, or when what
+    it lacks was imported by name (the import fails first)."""
+    if xformers_missing(source.resolve(call) or "") is not None:
+        function = xformers_lookup_missing(source, call.func)
+        return [function] if function is not None else []
     missing = []
     bias = xformers_bias(source, argument(call, "attn_bias", XFORMERS_POSITIONS["attn_bias"]))
     if bias.missing is not None:
@@ -243,7 +261,7 @@ def xformers_refused(source: PythonFile, call: ast.Call) -> List[str]:
     op = argument(call, "op")
     for node in ast.walk(op) if op is not None else ():
         if isinstance(node, (ast.Attribute, ast.Name)):
-            lacking = xformers_missing(source.resolve(node) or "")
+            lacking = xformers_lookup_missing(source, node)
             if lacking is not None and lacking not in missing:
                 missing.append(lacking)
     return missing

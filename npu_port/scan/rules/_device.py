@@ -344,22 +344,40 @@ def single_value(source: "PythonFile", name: ast.Name) -> Optional[ast.AST]:
     return None
 
 
+def nodes_of(source: "PythonFile", *kinds: type) -> List[ast.AST]:
+    """The file's nodes of exactly these classes (kind by kind, each in ``source.nodes`` order), from one index built
+    once per file: the rules that look for a few node kinds would each walk every node otherwise."""
+    index: Dict[type, List[ast.AST]] = source.cached("nodes_by_type", lambda: _by_type(source))
+    return [node for kind in kinds for node in index.get(kind, ())]
+
+
+def _by_type(source: "PythonFile") -> Dict[type, List[ast.AST]]:
+    index: Dict[type, List[ast.AST]] = {}
+    for node in source.nodes:
+        kind = type(node)
+        if kind in index:
+            index[kind].append(node)
+        else:
+            index[kind] = [node]
+    return index
+
+
 def _assignments(source: "PythonFile") -> Dict[Tuple[ast.AST, str], List[Optional[ast.AST]]]:
     """``{(scope, name): [value, ...]}`` for every name a scope stores; None stands for a binding that is not a plain
     ``name = value`` (``for name in``, ``name += 1``, ``a = b = value`` included, which are rare enough to give up)."""
     table: Dict[Tuple[ast.AST, str], List[Optional[ast.AST]]] = {}
-    for node in source.nodes:
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+    for node in nodes_of(source, ast.Name):
+        if isinstance(node.ctx, ast.Store):  # type: ignore[attr-defined]
             parent = source.parents.get(node)
             plain = (isinstance(parent, ast.Assign) and len(parent.targets) == 1 and parent.targets[0] is node) or (
                 isinstance(parent, ast.AnnAssign) and parent.target is node
             )
             value = parent.value if plain else None  # type: ignore[union-attr]
-            table.setdefault((source.scope_of(node), node.id), []).append(value)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                bound = alias.asname or alias.name.split(".")[0]
-                table.setdefault((source.scope_of(node), bound), []).append(None)
+            table.setdefault((source.scope_of(node), node.id), []).append(value)  # type: ignore[attr-defined]
+    for node in nodes_of(source, ast.Import, ast.ImportFrom):
+        for alias in node.names:  # type: ignore[attr-defined]
+            bound = alias.asname or alias.name.split(".")[0]
+            table.setdefault((source.scope_of(node), bound), []).append(None)
     return table
 
 
@@ -439,6 +457,16 @@ def _after_a_cuda_return(source: "PythonFile", parent: ast.AST, statement: ast.s
             for earlier in block[:index]
         )
     return False
+
+
+def cuda_branch_note(source: "PythonFile", node: ast.AST) -> str:
+    """For a rule that reports what breaks even under ``npu-port run``: a note, when ``node`` is on the CUDA side of
+    an availability test, that only ``--cuda-available`` (what NPU306 suggests for that test) takes it."""
+    return (
+        " (on the CUDA side of an availability test: reached under npu-port run --cuda-available)"
+        if cuda_guarded(source, node)
+        else ""
+    )
 
 
 def live_cuda_calls(source: "PythonFile") -> List[Tuple[ast.Call, str]]:

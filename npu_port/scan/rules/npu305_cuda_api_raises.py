@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import RAISES, REDIRECTED, call_text, classify, cuda_calls, cuda_guarded
+from ._device import RAISES, REDIRECTED, call_text, classify, cuda_branch_note, cuda_calls
 
 
 @register_rule
@@ -38,7 +38,7 @@ class CudaApiRaises(Rule):
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, name in cuda_calls(source):
             if classify(name) == RAISES and name not in REDIRECTED:
-                guarded = " (reached under npu-port run --cuda-available)" if cuda_guarded(source, call) else ""
+                guarded = cuda_branch_note(source, call)
                 yield source.finding(
                     self,
                     call,

@@ -8,7 +8,16 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import AUTOCAST, GENERATOR, GRAD_SCALER, argument, is_cuda_literal, live_cuda_literal, single_value
+from ._device import (
+    AUTOCAST,
+    GENERATOR,
+    GRAD_SCALER,
+    argument,
+    is_cuda_literal,
+    live_cuda_literal,
+    nodes_of,
+    single_value,
+)
 
 _INDEXED = re.compile(r"cuda:\d+")
 
@@ -91,13 +100,13 @@ class CudaDeviceLiteral(Rule):
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         found: Dict[int, ast.AST] = {}  # a constant used as a device in several places is reported once
-        for node in source.nodes:
-            if isinstance(node, ast.Call):
-                for value in self._in_call(source, node):
-                    literal = _literal(source, value)
-                    if literal is not None and live_cuda_literal(source, literal):
-                        found.setdefault(id(literal), literal)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+        for call, qualified in source.calls():
+            for value in self._in_call(call, qualified):
+                literal = _literal(source, value)
+                if literal is not None and live_cuda_literal(source, literal):
+                    found.setdefault(id(literal), literal)
+        for node in nodes_of(source, ast.Assign, ast.AnnAssign, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 if any(_device_name(_target_name(t) or "") for t in targets) and live_cuda_literal(source, node.value):
                     found.setdefault(id(node.value), node.value)
@@ -112,9 +121,8 @@ class CudaDeviceLiteral(Rule):
                 fix=None if _plain(literal) else "manual",
             )
 
-    def _in_call(self, source: PythonFile, call: ast.Call) -> List[ast.AST]:
-        """The arguments of ``call`` in a device position."""
-        qualified = source.resolve(call)
+    def _in_call(self, call: ast.Call, qualified: Optional[str]) -> List[ast.AST]:
+        """The arguments of ``call`` (whose function is ``qualified``) in a device position."""
         if qualified in ELSEWHERE:
             return []
         if qualified in DEVICE_FIRST:

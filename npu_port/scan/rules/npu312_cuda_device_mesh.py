@@ -7,7 +7,7 @@ from typing import Iterator
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import argument, cuda_guarded, is_cuda_literal, parameter_sources
+from ._device import argument, cuda_branch_note, is_cuda_literal, parameter_sources
 from .npu310_cuda_device_literal import CudaDeviceLiteral
 
 MESH_FUNCTIONS = frozenset(
@@ -62,7 +62,7 @@ class CudaDeviceMesh(Rule):
                 ]
             for node, through, kind in places:
                 plain = isinstance(node, ast.Constant) and node.value == "cuda" and kind == "argument"
-                guarded = " (reached under npu-port run --cuda-available)" if cuda_guarded(source, node) else ""
+                guarded = cuda_branch_note(source, node)
                 yield source.finding(
                     self,
                     node,

@@ -32,7 +32,7 @@ class CudaRequired(Rule):
     severity = "runtime"
     targets = ("npu", "cpu")
     fix = "manual"
-    triggers = ("is_available", "device_count")
+    triggers = ("cuda",)  # every form names cuda: torch.cuda.is_available, from torch.cuda import ...
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, name in live_cuda_calls(source):
