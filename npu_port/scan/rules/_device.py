@@ -443,19 +443,26 @@ def cuda_guarded(source: "PythonFile", node: ast.AST) -> bool:
 def _after_a_cuda_return(source: "PythonFile", parent: ast.AST, statement: ast.stmt) -> bool:
     """Whether a statement before ``statement`` in its block returns (or continues, breaks) unless CUDA is available
     (``if not torch.cuda.is_available(): return 0``)."""
+    blocks: Dict[int, Tuple[int, Dict[int, int]]] = source.cached("cuda_returns", dict)
     for name in ("body", "orelse", "finalbody"):
         block = getattr(parent, name, None)
-        if not isinstance(block, list):
+        if not isinstance(block, list) or not block:
             continue
-        index = next((i for i, s in enumerate(block) if s is statement), None)
-        if index is None:
-            continue
-        return any(
-            isinstance(earlier, ast.If)
-            and _ending(earlier.body, source) == "leaves"
-            and cuda_when(source, earlier.test, False) is True
-            for earlier in block[:index]
-        )
+        if id(block) not in blocks:  # once a block: the first statement that leaves unless CUDA is there
+            first = next(
+                (
+                    i
+                    for i, earlier in enumerate(block)
+                    if isinstance(earlier, ast.If)
+                    and _ending(earlier.body, source) == "leaves"
+                    and cuda_when(source, earlier.test, False) is True
+                ),
+                len(block),
+            )
+            blocks[id(block)] = (first, {id(s): i for i, s in enumerate(block)})
+        first, positions = blocks[id(block)]
+        if id(statement) in positions:
+            return first < positions[id(statement)]
     return False
 
 
