@@ -331,7 +331,11 @@ def single_value(source: "PythonFile", name: ast.Name) -> Optional[ast.AST]:
     otherwise (a parameter, a loop, an import, twice) or nowhere."""
     table = source.cached("single_values", lambda: _assignments(source))
     scope: Optional[ast.AST] = source.scope_of(name)
+    start = scope
     while scope is not None:
+        if isinstance(scope, ast.ClassDef) and scope is not start:  # a class body is not seen from its methods
+            scope = source.scope_of(scope)
+            continue
         values = table.get((scope, name.id))
         if values is not None:
             return values[0] if len(values) == 1 and values[0] is not None else None
