@@ -23,6 +23,8 @@ _HERE = "npu_port.dropins."
 #: The calls of the flash_attn drop-in's functions that the project made, each counted once when it returned, with
 #: where it was made (``npu-port run --report`` lists them under NPU110; ``npu_port.activate`` clears it).
 CALLS = HitLog()
+#: The same for the xformers drop-in's ``memory_efficient_attention`` (listed under NPU112).
+XFORMERS_CALLS = HitLog()
 
 #: The drop-ins, as registration templates (installing registers fresh copies).
 DROP_INS = (

@@ -21,6 +21,7 @@ from ..errors import AttentionInputError, DropInError
 from . import xformers_attn_bias_impl as attn_bias
 from ._attention import attend_bshd
 from .finder import LOGGER_NAME
+from .install import XFORMERS_CALLS
 from .xformers_attn_bias_impl import (
     AttentionBias,
     BlockDiagonalCausalFromBottomRightMask,
@@ -93,6 +94,7 @@ MemoryEfficientAttentionCutlassOp = (_CutlassFwOp, _CutlassBwOp)
 MemoryEfficientAttentionCutlassFwdFlashBwOp = (_CutlassFwOp, _FlashBwOp)
 
 
+@XFORMERS_CALLS.counts_calls
 def memory_efficient_attention(
     query: Tensor,
     key: Tensor,
@@ -124,6 +126,7 @@ def memory_efficient_attention(
     return out if output_dtype is None else out.to(output_dtype)
 
 
+@XFORMERS_CALLS.counts_calls
 def memory_efficient_attention_forward(
     query: Tensor,
     key: Tensor,

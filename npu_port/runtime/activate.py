@@ -95,7 +95,7 @@ class Activation:
     def _hits(self) -> List[Tuple[str, Any]]:
         """``(mechanism, hit snapshot)`` of every piece that counts what it handled (see :mod:`.handled`)."""
         from ..dropins.finder import registered
-        from ..dropins.install import CALLS
+        from ..dropins.install import CALLS, XFORMERS_CALLS
         from ..integrations.legacy_attention import hook_hits
         from . import handled
 
@@ -106,6 +106,7 @@ class Activation:
             if name in self.dropins or name in self.fallbacks:
                 sources.append((served_by.get(name, handled.FALLBACK), replacement.log.snapshot()))
         sources.append((handled.FLASH_ATTN_DROPIN, CALLS.snapshot()))
+        sources.append((handled.XFORMERS_DROPIN, XFORMERS_CALLS.snapshot()))
         hook = hook_hits()
         sources.append((handled.XFORMERS_HOOK, hook.snapshot() if hook is not None else None))
         if self.device_checks is not None:
@@ -193,7 +194,7 @@ def activate(
     installed.
     """
     from ..device.redirect import redirect_cuda
-    from ..dropins.install import CALLS, install_dropins, uninstall_dropins
+    from ..dropins.install import CALLS, XFORMERS_CALLS, install_dropins, uninstall_dropins
     from ..errors import NpuPortError
     from ..fallbacks.registry import install_builtin_fallbacks, uninstall_builtin_fallbacks
     from ..integrations.legacy_attention import hook_enable_xformers, is_routable_class, patch_legacy_attention
@@ -217,6 +218,7 @@ def activate(
         dropins = install_dropins(force=force_dropins)
         undo.append(uninstall_dropins)
         CALLS.clear()  # the drop-in calls this run makes (npu-port run --report's NPU110)
+        XFORMERS_CALLS.clear()  # and NPU112
         fallbacks = install_builtin_fallbacks()
         undo.append(uninstall_builtin_fallbacks)
         handle = set_attention_strategy(profile or strategy or "auto")

@@ -42,6 +42,7 @@ NAMES: Dict[str, str] = {
     "NPU102": "xformers-import",
     "NPU103": "cuda-extension-fallback",
     "NPU110": "flash-attn-call",
+    "NPU112": "xformers-call",
     "NPU120": "diffusers-xformers-switch",
     "NPU301": "cuda-method",
     "NPU302": "cuda-sync-memory",
@@ -131,6 +132,9 @@ RULES: Dict[str, Dict[str, str]] = {
         "xformers.ops": "NPU102",
         "xformers.ops.fmha": "NPU102",
         "xformers.ops.fmha.attn_bias": "NPU102",
+        # NPU112: calls that returned (a bias or function the drop-in lacks raises: NPU113, not handled)
+        "memory_efficient_attention": "NPU112",
+        "memory_efficient_attention_forward": "NPU112",
     },
     FALLBACK: {"alt_cuda_corr": "NPU103", "raft_alt_cuda_corr": "NPU103"},
     # NPU120 also reports `_use_memory_efficient_attention_xformers = True` and a project's own copy of the setter
@@ -205,8 +209,16 @@ def by_rule(sources: Iterable[Tuple[str, Optional[Snapshot]]]) -> Dict[str, Dict
             text = f"{filename}:{line}"
             if text not in where:
                 where.append(text)
-        result[code] = {"name": NAMES[code], "count": counts[code], "where": where[:PLACES]}
+        count = counts[code]
+        if code in IMPORT_CODES and where:  # `import xformers.ops` serves two modules from one line: one import
+            count = len(where)
+        result[code] = {"name": NAMES[code], "count": count, "where": where[:PLACES]}
     return result
+
+
+#: Codes whose hits are modules served: each is served once per process, from the line that first imported it, and
+#: an import statement counts once however many modules it made the drop-in serve (a package and its submodule).
+IMPORT_CODES = frozenset(("NPU101", "NPU102", "NPU103"))
 
 
 def format_by_rule(handled: Mapping[str, Mapping[str, Any]], folder: Optional[str] = None) -> List[str]:

@@ -111,3 +111,29 @@ def test_a_script_without_device_checks_does_not_import_the_scan_package(tmp_pat
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.stdout == "scan imported: False\n"  # about 30 ms of start-up the program does not pay
     assert "handled, by scan rule: none" in ran.stderr
+
+
+@pytest.mark.e2e
+def test_xformers_calls_the_drop_in_made_are_listed_as_npu112_and_scan_agrees(tmp_path):
+    (tmp_path / "attend.py").write_text(
+        "import torch\n"
+        "import xformers.ops as xops\n"
+        "\n"
+        "q = k = v = torch.randn(1, 4, 2, 8)\n"
+        "for _ in range(2):\n"
+        "    out = xops.memory_efficient_attention(q, k, v, attn_bias=xops.LowerTriangularMask())\n"
+        "print(tuple(out.shape))\n"
+    )
+    ran = _npu_port(tmp_path, "run", "--device", "cpu", "--report", "r.json", "attend.py")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout == "(1, 4, 2, 8)\n"
+    where = str(tmp_path / "attend.py")
+    assert json.loads((tmp_path / "r.json").read_text())["by_rule"] == {
+        "NPU102": {"name": "xformers-import", "count": 1, "where": [f"{where}:2"]},
+        "NPU112": {"name": "xformers-call", "count": 2, "where": [f"{where}:6"]},
+    }
+    findings = json.loads(_npu_port(tmp_path, "scan", "--format", "json", "attend.py").stdout)["findings"]
+    assert sorted((f["code"], f["line"], f["severity"]) for f in findings) == [
+        ("NPU102", 2, "handled"),
+        ("NPU112", 6, "handled"),
+    ]

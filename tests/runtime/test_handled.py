@@ -8,8 +8,8 @@ import torch
 
 from npu_port.device.redirect import redirect_cuda
 from npu_port.device.redirect.install import FACTORY_FUNCTIONS
-from npu_port.dropins import flash_attn_impl
-from npu_port.dropins.install import CALLS, DROP_INS
+from npu_port.dropins import flash_attn_impl, xformers_fmha_impl
+from npu_port.dropins.install import CALLS, DROP_INS, XFORMERS_CALLS
 from npu_port.fallbacks.registry import BUILTIN_FALLBACKS
 from npu_port.integrations.legacy_attention.contract import XFORMERS_SETTER
 from npu_port.integrations.legacy_attention.xformers_hook import ENABLE
@@ -102,7 +102,14 @@ def test_the_drop_ins_fallbacks_and_hook_are_mapped_by_what_they_serve_and_count
               for r in DROP_INS for name in r.modules}  # fmt: skip
     for name, mechanism in served.items():
         assert handled.RULES[mechanism][name] == ("NPU101" if mechanism == handled.FLASH_ATTN_DROPIN else "NPU102")
-    assert set(handled.RULES[handled.XFORMERS_DROPIN]) == {n for n, m in served.items() if m == handled.XFORMERS_DROPIN}
+    xformers_calls = {kind for kind, code in handled.RULES[handled.XFORMERS_DROPIN].items() if code == "NPU112"}
+    assert set(handled.RULES[handled.XFORMERS_DROPIN]) - xformers_calls == {
+        n for n, m in served.items() if m == handled.XFORMERS_DROPIN
+    }
+    assert xformers_fmha_impl.memory_efficient_attention.__wrapped__  # imported: its kinds are registered
+    assert (
+        xformers_calls == XFORMERS_CALLS.kinds == {"memory_efficient_attention", "memory_efficient_attention_forward"}
+    )
     calls = {kind for kind, code in handled.RULES[handled.FLASH_ATTN_DROPIN].items() if code == "NPU110"}
     assert flash_attn_impl.flash_attn_func.__wrapped__  # imported: its functions' kinds are registered
     assert calls == CALLS.kinds == set(_attention_calls.FLASH_CAUSAL_AT)  # what the scan calls a flash_attn call

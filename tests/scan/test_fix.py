@@ -112,6 +112,14 @@ STATEMENTS = [
     "from xformers.ops import fmha, SwiGLU",  # also what no drop-in has: left to the user
     "xf = importlib.import_module('xformers.ops')",  # dynamic: left to the user
     "",  # a blank line: the imports on either side get a try each
+    "dist3 = torch.distributed.init_process_group('NCCL')",
+    "def init_dist(backend='nccl'):\n    torch.distributed.init_process_group(backend=backend)\ninit_dist(backend='nccl')",
+    "from torch.distributed.device_mesh import init_device_mesh\nm = init_device_mesh('cuda', (2,))",
+    "class P:\n    def a(self):\n        self.b('cuda')\n    def b(self, t):\n        return init_device_mesh(t, (1,))",
+    "DEVICE = 'cuda'\nw2 = x.to(DEVICE)",
+    "e2 = pipe.encode(p, execution_device='cuda', device_map='cuda:0')",
+    "g2 = x.cuda() if torch.cuda.is_available() else x",
+    "if torch.cuda.is_available():\n    torch.cuda.synchronize()\nelse:\n    x = x.to('cuda')",
 ]
 
 
@@ -121,7 +129,9 @@ def test_fix_output_parses_is_idempotent_and_leaves_no_safe_fix(tmp_path_factory
     folder = tmp_path_factory.mktemp("fix")
     path = folder / "m.py"
     head = "import npu_port\n" if import_npu_port else ""
-    path.write_text(head + "import importlib, torch\nmodel = x = y = batch = None\n" + "\n".join(statements) + "\n")
+    path.write_text(
+        head + "import importlib, torch\nmodel = x = y = batch = pipe = p = None\n" + "\n".join(statements) + "\n"
+    )
     fix([str(path)], write=True)
     once = path.read_text()
     ast.parse(once)
@@ -555,3 +565,52 @@ def test_a_from_import_the_rewrites_leave_unused_is_removed_and_one_still_used_i
         "[torch.nn.attention.SDPBackend.MATH, torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):\n"
         "        return q, SDPBackend, empty_cache\n"
     )
+
+
+def test_the_fixes_of_values_passed_through_the_files_own_functions(tmp_path):
+    """A literal passed to the file's own function is rewritten where it is passed (evaluated at the call); a
+    parameter default, evaluated at import, and a guarded or accelerate-default value are left."""
+    path = tmp_path / "m.py"
+    path.write_text(
+        "import torch\n"
+        "import torch.distributed as dist\n"
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "DEVICE = 'cuda'\n"
+        "def init_dist(backend='nccl'):\n"
+        "    dist.init_process_group(backend=backend)\n"
+        "class Dims:\n"
+        "    def setup(self):\n"
+        "        self.mesh('cuda')\n"
+        "    def mesh(self, kind='cuda'):\n"
+        "        return init_device_mesh(kind, (2,))\n"
+        "def main(x, pipe):\n"
+        "    init_dist(backend='NCCL')\n"
+        "    pipe.encode(x.to(DEVICE), execution_device='cuda:1')\n"
+        "    return 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+    )
+    (one,) = fix([str(path)])
+    assert one.new.splitlines() == [
+        "import torch",
+        "import torch.distributed as dist",
+        "from torch.distributed.device_mesh import init_device_mesh",
+        "import npu_port",
+        "",
+        "DEVICE = npu_port.get_device().type",
+        "def init_dist(backend='nccl'):",
+        "    dist.init_process_group(backend=backend)",
+        "class Dims:",
+        "    def setup(self):",
+        "        self.mesh(npu_port.get_device().type)",
+        "    def mesh(self, kind='cuda'):",
+        "        return init_device_mesh(kind, (2,))",
+        "def main(x, pipe):",
+        "    init_dist(backend=npu_port.distributed.default_backend())",
+        "    pipe.encode(x.to(DEVICE), execution_device=f'{npu_port.get_device().type}:1')",
+        "    return 'cuda' if torch.cuda.is_available() else 'cpu'",
+    ]
+    assert sorted((f.code, f.line) for f in one.left if f.code in ("NPU311", "NPU312")) == [
+        ("NPU311", 5),
+        ("NPU312", 10),
+    ]
+    fix([str(path)], write=True)
+    assert fix([str(path)])[0].new is None  # a fixed point

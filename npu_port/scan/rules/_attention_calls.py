@@ -1,12 +1,21 @@
-"""Shared helpers of the NPU1xx attention-call rules: which calls are flash_attn's and xformers', and what their
-arguments are (positional or keyword)."""
+"""Shared helpers of the NPU1xx attention-call rules: which calls are flash_attn's and xformers', what their
+arguments are (positional or keyword), and what npu-port's xformers drop-in serves of what they name.
+
+What the xformers drop-in serves is read from its own modules (the names they define, the attention-bias classes
+with their methods), with ``ast`` so that no torch is imported: the scan and ``npu-port run`` cannot disagree."""
 
 from __future__ import annotations
 
 import ast
-from typing import Dict, Iterator, Optional, Tuple
+import functools
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple
 
 from ..context import PythonFile
+from ._device import single_value
+from ._imports import exported_names, served_modules
 
 #: flash_attn functions the drop-in serves -> the position of ``causal`` (``window_size`` follows it).
 FLASH_CAUSAL_AT: Dict[str, Optional[int]] = {
@@ -33,6 +42,19 @@ XFORMERS_ATTENTION = {
     for module in ("xformers.ops", "xformers.ops.fmha")
     for function in ("memory_efficient_attention", "memory_efficient_attention_forward")
 }
+#: ``memory_efficient_attention(query, key, value, attn_bias, p, scale, *, op, output_dtype)``: positions.
+XFORMERS_POSITIONS = {"attn_bias": 3, "p": 4, "scale": 5}
+#: What each attention bias the drop-in serves means (tests/scan/test_imports.py: these are the drop-in's classes).
+XFORMERS_BIASES = {
+    "LowerTriangularMask": "causal, top-left (query i sees keys j <= i: SDPA's is_causal)",
+    "LowerTriangularMaskWithTensorBias": "causal top-left plus an additive tensor",
+    "LowerTriangularFromBottomRightMask": "causal, bottom-right (query i sees keys j <= i + Skv - Sq)",
+    "LocalAttentionFromBottomRightMask": "a sliding window, bottom-right aligned",
+    "BlockDiagonalMask": "packed sequences (batch 1), each attending to its own keys",
+    "BlockDiagonalCausalMask": "packed sequences, each causal top-left",
+    "BlockDiagonalCausalFromBottomRightMask": "packed sequences, each causal bottom-right",
+}
+XFORMERS_BIAS_MODULE = "xformers.ops.fmha.attn_bias"
 
 
 def flash_calls(source: PythonFile) -> Iterator[Tuple[ast.Call, str]]:
@@ -73,3 +95,173 @@ def _number(node: ast.AST) -> object:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
         return -node.operand.value
     return node.value if isinstance(node, ast.Constant) else node
+
+
+# ---- xformers: what the drop-in serves -------------------------------------------------------------------------------
+
+
+def xformers_calls(source: PythonFile) -> Iterator[Tuple[ast.Call, str]]:
+    """``(call, qualified name)`` for every call of something under ``xformers.ops``, however imported."""
+    for call, name in source.calls():
+        if name and name.startswith("xformers.ops."):
+            yield call, name
+
+
+def xformers_missing(qualified: str) -> Optional[str]:
+    """The leading part of ``qualified`` (``xformers.ops.fmha.cutlass.FwOp``) that npu-port's xformers drop-in does
+    not define (``xformers.ops.fmha.cutlass``): under ``npu-port run`` looking it up raises AttributeError. None
+    when the drop-in defines it, or when it is not under a module the drop-in serves."""
+    parts = qualified.split(".")
+    served = served_modules()
+    for end in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:end])
+        if module in served and served[module][0] == "xformers":
+            name = f"{module}.{parts[end]}"
+            if name in served or parts[end] in exported_names(served[module][1]):
+                return None
+            return name
+    return None
+
+
+def xformers_lookup_missing(source: PythonFile, node: ast.AST) -> Optional[str]:
+    """:func:`xformers_missing` for the name ``node`` (a ``Name`` / ``Attribute`` chain) spells, when the drop-in's
+    lack shows at this lookup (``xops.fmha.cutlass.FwOp``: AttributeError here); None when the file's import already
+    names the missing part (``from xformers.ops.fmha import Inputs``: the import fails, and the import rules, NPU104
+    / NPU106, report it there)."""
+    missing = xformers_missing(source.resolve(node) or "")
+    if missing is None:
+        return None
+    root = node
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    imported = source.binding(root.id, root) if isinstance(root, ast.Name) else None
+    if imported is not None and (imported == missing or imported.startswith(missing + ".")):
+        return None
+    return missing
+
+
+@dataclass(frozen=True)
+class BiasClass:
+    """One attention-bias class of the drop-in: its members (inherited ones included) and what each method returns
+    (a class name of the module, ``"cls"`` for a classmethod, or None for anything else)."""
+
+    members: FrozenSet[str]
+    returns: Dict[str, Optional[str]]
+
+
+@functools.lru_cache(maxsize=None)
+def xformers_bias_classes() -> Dict[str, BiasClass]:
+    """The drop-in's attention-bias classes (subclasses of its ``AttentionBias``), read from its source."""
+    impl = served_modules().get(XFORMERS_BIAS_MODULE, ("", ""))[1]
+    spec = importlib.util.find_spec(impl) if impl else None
+    if spec is None or not spec.origin:
+        return {}
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+    def bases(name: str) -> List[str]:
+        found = [name]
+        for base in classes[name].bases:
+            if isinstance(base, ast.Name) and base.id in classes:
+                found += bases(base.id)
+        return found
+
+    result = {}
+    for name in classes:
+        lineage = bases(name)
+        if "AttentionBias" not in lineage or name == "AttentionBias":
+            continue
+        members, returns = set(), {}
+        for owner in reversed(lineage):  # the base first: a subclass's definition wins
+            for item in classes[owner].body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    members.add(item.name)
+                    returns[item.name] = _returned(item, classes)
+                elif isinstance(item, (ast.Assign, ast.AnnAssign)):
+                    targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+                    members |= {t.id for t in targets if isinstance(t, ast.Name)}
+        result[name] = BiasClass(frozenset(members), returns)
+    return result
+
+
+def _returned(function: ast.FunctionDef, classes: Dict[str, ast.ClassDef]) -> Optional[str]:
+    """The class ``function`` returns, from its annotation (``-> "BlockDiagonalCausalMask"``); ``"cls"`` for a
+    classmethod annotated with a class (it builds ``cls``); None for anything else (a tensor, a tuple)."""
+    annotation = function.returns
+    text = annotation.value if isinstance(annotation, ast.Constant) else getattr(annotation, "id", None)
+    if not (isinstance(text, str) and text in classes):
+        return None
+    if any(isinstance(d, ast.Name) and d.id == "classmethod" for d in function.decorator_list):
+        return "cls"
+    return text
+
+
+@dataclass(frozen=True)
+class Bias:
+    """What an ``attn_bias`` argument is: a bias class the drop-in serves (``served``), a name it lacks
+    (``missing``), or neither (None: a tensor, or something the scan cannot follow)."""
+
+    served: Optional[str] = None
+    missing: Optional[str] = None
+
+
+def xformers_bias(source: PythonFile, node: Optional[ast.AST]) -> Bias:
+    """Follow ``attn_bias`` (``LowerTriangularMask()``, ``BlockDiagonalMask.from_seqlens(s).make_causal()``,
+    ``xops.fmha.BlockDiagonalPaddedKeysMask.from_seqlens(...)``, or a name assigned one of these once in its scope)
+    to the drop-in's class it ends as, or to the part the drop-in lacks."""
+    if isinstance(node, ast.Name):
+        node = single_value(source, node) or node
+    methods: List[str] = []
+    base: Optional[str] = None
+    current = node
+    while current is not None and base is None:
+        if isinstance(current, ast.Call):
+            current = current.func
+        elif isinstance(current, (ast.Attribute, ast.Name)):
+            base = source.resolve(current)
+            if base is None and isinstance(current, ast.Attribute):
+                methods.append(current.attr)
+                current = current.value
+            elif base is None:
+                return Bias()
+        else:
+            return Bias()
+    if base is None or not base.startswith("xformers."):
+        return Bias()
+    if xformers_missing(base) is not None:
+        return Bias(missing=xformers_lookup_missing(source, current))  # type: ignore[arg-type]
+    classes = xformers_bias_classes()
+    parts = base.split(".")
+    at = next((i for i, part in enumerate(parts) if part in classes), None)
+    if at is None:
+        return Bias()
+    name = parts[at]
+    for method in parts[at + 1 :] + methods[::-1]:
+        if method not in classes[name].members:
+            return Bias(missing=f"{name}.{method}")
+        returned = classes[name].returns.get(method)
+        if returned is None:
+            return Bias()  # a tensor (materialize) or a value the scan does not follow
+        name = name if returned == "cls" else returned
+    return Bias(served=name)
+
+
+def xformers_refused(source: PythonFile, call: ast.Call) -> List[str]:
+    """What of an xformers call the drop-in lacks, looked up in the call (:func:`xformers_lookup_missing`): the
+    function itself, the ``attn_bias`` class or one of its methods, an ``op`` from a kernel module it does not serve
+    (each an AttributeError under npu-port run). Empty when the call needs nothing the drop-in lacks, or when what
+    it lacks was imported by name (the import fails first)."""
+    if xformers_missing(source.resolve(call) or "") is not None:
+        function = xformers_lookup_missing(source, call.func)
+        return [function] if function is not None else []
+    missing = []
+    bias = xformers_bias(source, argument(call, "attn_bias", XFORMERS_POSITIONS["attn_bias"]))
+    if bias.missing is not None:
+        missing.append(bias.missing)
+    op = argument(call, "op")
+    for node in ast.walk(op) if op is not None else ():
+        if isinstance(node, (ast.Attribute, ast.Name)):
+            lacking = xformers_lookup_missing(source, node)
+            if lacking is not None and lacking not in missing:
+                missing.append(lacking)
+    return missing

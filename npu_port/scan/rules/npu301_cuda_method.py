@@ -7,6 +7,7 @@ from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
+from ._device import cuda_guarded
 
 #: Methods giving a storage, whose ``.cuda()`` has no ``.to(device)`` equivalent.
 STORAGES = ("untyped_storage", "storage", "_typed_storage")
@@ -44,6 +45,7 @@ class CudaMethod(Rule):
                 isinstance(node.func, ast.Attribute)
                 and node.func.attr == "cuda"
                 and source.resolve(node.func.value) not in ("torch", "torch.cuda")  # torch.cuda is the module
+                and not cuda_guarded(source, node)  # under `if torch.cuda.is_available():` NPU306 says it all
             ):
                 receiver = node.func.value
                 if (

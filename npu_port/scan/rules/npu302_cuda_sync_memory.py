@@ -6,7 +6,7 @@ from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import HELPERS, call_text, classify, cuda_calls
+from ._device import HELPERS, call_text, classify, live_cuda_calls
 
 
 @register_rule
@@ -37,7 +37,7 @@ class CudaSyncMemory(Rule):
     fix_replaces = tuple(f"torch.cuda.{name}" for name in HELPERS)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for call, name in cuda_calls(source):
+        for call, name in live_cuda_calls(source):
             helper = HELPERS.get(name)
             if helper is not None:
                 does = "raises" if classify(name) == "raises" else "does nothing for the NPU"

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import call_text, cuda_calls
+from ._device import call_text, live_cuda_calls
 
 SEEDING = ("manual_seed", "manual_seed_all", "seed", "seed_all")
 
@@ -37,7 +37,7 @@ class CudaSeed(Rule):
     triggers = ("cuda",)  # every form names cuda: torch.cuda.* or a "cuda" device
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for call, name in cuda_calls(source):
+        for call, name in live_cuda_calls(source):
             if name in SEEDING:
                 yield source.finding(
                     self,

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import HELPERS, RAISES, REDIRECTED, call_text, classify, cuda_calls
+from ._device import HELPERS, RAISES, REDIRECTED, call_text, classify, live_cuda_calls
 
 #: Reported by rules of their own.
 ELSEWHERE = frozenset(("set_device",)) | frozenset(HELPERS)
@@ -39,7 +39,7 @@ class CudaApiRedirected(Rule):
     triggers = ("cuda",)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for call, name in cuda_calls(source):
+        for call, name in live_cuda_calls(source):
             if classify(name) == RAISES and name in REDIRECTED and name not in ELSEWHERE:
                 yield source.finding(
                     self,

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import RAISES, REDIRECTED, call_text, classify, cuda_calls
+from ._device import RAISES, REDIRECTED, call_text, classify, cuda_branch_note, cuda_calls
 
 
 @register_rule
@@ -17,7 +17,9 @@ class CudaApiRaises(Rule):
     ``set_sync_debug_mode()``, ``can_device_access_peer()``, ``cudart()``.
 
     Guard the line with the device type (``if npu_port.get_device().type == "cuda":``) or replace it by the
-    target's equivalent (``torch.npu.NPUGraph``, ``torch.npu.memory_snapshot`` on Ascend).
+    target's equivalent (``torch.npu.NPUGraph``, ``torch.npu.memory_snapshot`` on Ascend). Under ``if
+    torch.cuda.is_available():`` it is still reported: ``npu-port run --cuda-available`` (what NPU306 suggests for
+    that test) takes the branch, and then it raises.
 
     Example::
 
@@ -36,9 +38,10 @@ class CudaApiRaises(Rule):
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, name in cuda_calls(source):
             if classify(name) == RAISES and name not in REDIRECTED:
+                guarded = cuda_branch_note(source, call)
                 yield source.finding(
                     self,
                     call,
-                    f"{call_text(name)} raises without CUDA and npu-port does not answer it: guard it with the "
-                    "device type or use the target's equivalent",
+                    f"{call_text(name)} raises without CUDA and npu-port does not answer it{guarded}: guard it with "
+                    "the device type or use the target's equivalent",
                 )

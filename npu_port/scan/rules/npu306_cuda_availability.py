@@ -6,17 +6,19 @@ from typing import Iterator
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import call_text, cuda_calls
+from ._device import call_text, cuda_requirement, live_cuda_calls
 
 
 @register_rule
 class CudaAvailability(Rule):
     """``torch.cuda.is_available()`` and ``torch.cuda.device_count()`` answer False and 0 on an NPU machine.
 
-    Nothing raises, but ``"cuda" if torch.cuda.is_available() else "cpu"`` quietly runs everything on the CPU, and
-    ``assert torch.cuda.is_available()`` stops the script. ``npu-port run`` keeps the answer honest; run it with
-    ``--cuda-available`` to answer True (the work still goes to the NPU), or choose the device with
-    ``npu_port.get_device()`` / count with ``npu_port.device.device_count()``.
+    Nothing raises, but ``"cuda" if torch.cuda.is_available() else "cpu"`` quietly runs everything on the CPU.
+    ``npu-port run`` keeps the answer honest; run it with ``--cuda-available`` to answer True (the work still goes to
+    the NPU), or choose the device with ``npu_port.get_device()`` / count with ``npu_port.device.device_count()``.
+    A test whose False answer stops the program (``assert torch.cuda.is_available()``, ``if not ...: raise``, a
+    device count divided by) is NPU315; one inside code that runs only where CUDA is (the body of another such test)
+    is not reported again.
 
     Example::
 
@@ -32,7 +34,9 @@ class CudaAvailability(Rule):
     triggers = ("cuda",)  # every form names cuda: torch.cuda.* or a "cuda" device
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for call, name in cuda_calls(source):
+        for call, name in live_cuda_calls(source):
+            if name in ("is_available", "device_count") and cuda_requirement(source, call) is not None:
+                continue  # NPU315's
             if name == "is_available":
                 yield source.finding(
                     self,

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import AUTOCAST, argument, is_cuda_literal
+from ._device import AUTOCAST, argument, cuda_guarded, live_cuda_literal
 
 
 @register_rule
@@ -38,9 +38,11 @@ class CudaAutocast(Rule):
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, qualified in source.calls():
-            if qualified == "torch.cuda.amp.autocast" or (
-                qualified in AUTOCAST and is_cuda_literal(argument(call, 0, "device_type"))
-            ):
+            if qualified == "torch.cuda.amp.autocast":
+                cuda = not cuda_guarded(source, call)
+            else:
+                cuda = qualified in AUTOCAST and live_cuda_literal(source, argument(call, 0, "device_type"))
+            if cuda:
                 yield source.finding(
                     self,
                     call,

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import GRAD_SCALER, argument, is_cuda_literal
+from ._device import GRAD_SCALER, argument, cuda_guarded, live_cuda_literal
 
 
 @register_rule
@@ -34,10 +34,14 @@ class CudaGradScaler(Rule):
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, qualified in source.calls():
-            if qualified == "torch.cuda.amp.GradScaler" or (
-                qualified in GRAD_SCALER
-                and (argument(call, 0, "device") is None or is_cuda_literal(argument(call, 0, "device")))
-            ):
+            if qualified == "torch.cuda.amp.GradScaler":
+                cuda = not cuda_guarded(source, call)
+            elif qualified in GRAD_SCALER:
+                device = argument(call, 0, "device")  # None: "cuda", torch.amp.GradScaler's default
+                cuda = not cuda_guarded(source, call) if device is None else live_cuda_literal(source, device)
+            else:
+                continue
+            if cuda:
                 yield source.finding(
                     self,
                     call,

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import GENERATOR, argument, is_cuda_literal
+from ._device import GENERATOR, argument, live_cuda_literal
 
 
 @register_rule
@@ -33,7 +33,7 @@ class CudaGenerator(Rule):
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, qualified in source.calls():
-            if qualified in GENERATOR and is_cuda_literal(argument(call, 0, "device")):
+            if qualified in GENERATOR and live_cuda_literal(source, argument(call, 0, "device")):
                 yield source.finding(
                     self,
                     call,

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Any, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import AUTOCAST, GENERATOR, GRAD_SCALER, argument, is_cuda_literal
+from ._device import (
+    AUTOCAST,
+    GENERATOR,
+    GRAD_SCALER,
+    argument,
+    is_cuda_literal,
+    live_cuda_literal,
+    single_value,
+)
 
 _INDEXED = re.compile(r"cuda:\d+")
 
@@ -22,8 +30,8 @@ def _plain(node: ast.AST) -> bool:
     )
 
 
-#: Keywords that take a device.
-DEVICE_KEYWORDS = ("device", "map_location")
+#: Keywords that take a device besides those :func:`_device_name` accepts.
+DEVICE_KEYWORDS = ("map_location",)
 #: Calls reported by rules of their own (autocast, GradScaler, Generator, device meshes).
 ELSEWHERE = AUTOCAST | GRAD_SCALER | GENERATOR | {"torch.cuda.amp.autocast", "torch.cuda.amp.GradScaler"}
 #: Functions whose first argument is a device.
@@ -31,8 +39,23 @@ DEVICE_FIRST = ("torch.device", "torch.set_default_device", "torch.get_device_mo
 
 
 def _device_name(name: str) -> bool:
-    """A variable, attribute or parameter holding a device: ``device``, ``self.device``, ``vae_device``."""
-    return name == "device" or name.endswith("_device")
+    """A variable, attribute, keyword or parameter holding a device: ``device``, ``self.device``, ``vae_device``,
+    ``DEVICE``, ``execution_device``, ``device_map`` (transformers / accelerate: a device name puts every weight
+    there)."""
+    name = name.lower()
+    return name in ("device", "device_map") or name.endswith("_device")
+
+
+def _literal(source: PythonFile, value: ast.AST) -> Optional[ast.AST]:
+    """``value`` when it is a CUDA device literal, or the literal a name used there was assigned once (``DEVICE =
+    "cuda"`` then ``.to(DEVICE)``: the finding, and the fix, go to the assignment)."""
+    if is_cuda_literal(value):
+        return value
+    if isinstance(value, ast.Name):
+        assigned = single_value(source, value)
+        if assigned is not None and is_cuda_literal(assigned):
+            return assigned
+    return None
 
 
 def _target_name(target: ast.AST) -> Optional[str]:
@@ -45,11 +68,14 @@ def _target_name(target: ast.AST) -> Optional[str]:
 
 @register_rule
 class CudaDeviceLiteral(Rule):
-    """A CUDA device written as a string in a place that takes a device: ``device="cuda"`` (any call),
-    ``.to("cuda")``, ``torch.device("cuda")``, ``torch.device("cuda", i)``, ``map_location="cuda:0"``,
-    ``device = "cuda"`` / ``self.device = f"cuda:{rank}"``, a ``device="cuda"`` parameter default, an argparse
-    ``--device`` option defaulting to ``"cuda"``; also ``"cuda:" + str(i)``, ``"cuda:{}".format(i)`` and
-    ``"cuda" if ... else "cpu"``. The string ``"cuda"`` anywhere else (a log message, a dict key) is not reported.
+    """A CUDA device written as a string in a place that takes a device: ``device="cuda"`` and any keyword named
+    ``*_device`` or ``device_map`` (any call), ``.to("cuda")``, ``torch.device("cuda")``, ``torch.device("cuda",
+    i)``, ``map_location="cuda:0"``, ``device = "cuda"`` / ``DEVICE = "cuda"`` / ``self.device = f"cuda:{rank}"``,
+    a ``device="cuda"`` / ``device_map="cuda"`` parameter default, an argparse ``--device`` option defaulting to
+    ``"cuda"``, a name of any spelling assigned ``"cuda"`` once and used in one of these places (reported where it
+    is assigned); also ``"cuda:" + str(i)``, ``"cuda:{}".format(i)`` and ``"cuda" if ... else "cpu"``. The string
+    ``"cuda"`` anywhere else (a log message, a dict key) is not reported, nor the ``"cuda"`` of ``"cuda" if
+    torch.cuda.is_available() else "cpu"`` (chosen only where CUDA is: NPU306 reports the test).
 
     Tensors and modules sent there raise without CUDA ("Torch not compiled with CUDA enabled"). ``npu-port run``'s
     redirect maps these devices to the target in every place torch takes one; ``npu-port fix`` writes
@@ -72,54 +98,51 @@ class CudaDeviceLiteral(Rule):
     triggers = ("cuda",)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for node in source.of(ast.Call, ast.Assign, ast.AnnAssign, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda):
-            literal = None
-            if isinstance(node, ast.Call):
-                literal = self._in_call(source, node)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+        found: Dict[int, ast.AST] = {}  # a constant used as a device in several places is reported once
+        for call, qualified in source.calls():
+            for value in self._in_call(call, qualified):
+                literal = _literal(source, value)
+                if literal is not None and live_cuda_literal(source, literal):
+                    found.setdefault(id(literal), literal)
+        for node in source.of(ast.Assign, ast.AnnAssign, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if any(_device_name(_target_name(t) or "") for t in targets) and is_cuda_literal(node.value):
-                    literal = node.value
+                if any(_device_name(_target_name(t) or "") for t in targets) and live_cuda_literal(source, node.value):
+                    found.setdefault(id(node.value), node.value)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 yield from self._in_defaults(source, node.args)
-                continue
-            if literal is not None:
-                yield source.finding(
-                    self,
-                    literal,
-                    "a CUDA device literal raises without CUDA: use `npu_port.get_device().type` "
-                    "(npu-port run maps it to the target)",
-                    fix=None if _plain(literal) else "manual",
-                )
+        for literal in sorted(found.values(), key=lambda n: (n.lineno, n.col_offset)):
+            yield source.finding(
+                self,
+                literal,
+                "a CUDA device literal raises without CUDA: use `npu_port.get_device().type` "
+                "(npu-port run maps it to the target)",
+                fix=None if _plain(literal) else "manual",
+            )
 
-    def _in_call(self, source: PythonFile, call: ast.Call) -> Optional[ast.AST]:
-        qualified = source.resolve(call)
+    def _in_call(self, call: ast.Call, qualified: Optional[str]) -> List[ast.AST]:
+        """The arguments of ``call`` (whose function is ``qualified``) in a device position."""
         if qualified in ELSEWHERE:
-            return None
+            return []
         if qualified in DEVICE_FIRST:
             value = argument(call, 0, "type" if qualified == "torch.device" else "device")
-            return value if is_cuda_literal(value) else None
-        for name in DEVICE_KEYWORDS:
-            for item in call.keywords:
-                if item.arg == name and is_cuda_literal(item.value):
-                    return item.value
+            return [value] if value is not None else []
+        values = [k.value for k in call.keywords if k.arg and (k.arg in DEVICE_KEYWORDS or _device_name(k.arg))]
         func = call.func
         if isinstance(func, ast.Attribute) and func.attr == "to" and call.args:
-            return call.args[0] if is_cuda_literal(call.args[0]) else None
+            values.append(call.args[0])
         if isinstance(func, ast.Attribute) and func.attr == "add_argument":
             options = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
             if any(_device_name(option.lstrip("-").replace("-", "_")) for option in options):
-                for item in call.keywords:
-                    if item.arg == "default" and is_cuda_literal(item.value):
-                        return item.value
-        return None
+                values += [k.value for k in call.keywords if k.arg == "default"]
+        return values
 
     def _in_defaults(self, source: PythonFile, arguments: ast.arguments) -> Iterator[Finding]:
         positional = arguments.posonlyargs + arguments.args
         pairs = list(zip(positional[len(positional) - len(arguments.defaults) :], arguments.defaults))
         pairs += [(a, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None]
         for parameter, default in pairs:
-            if _device_name(parameter.arg) and is_cuda_literal(default):
+            if _device_name(parameter.arg) and live_cuda_literal(source, default):
                 yield source.finding(
                     self,
                     default,

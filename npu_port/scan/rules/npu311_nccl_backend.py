@@ -7,7 +7,7 @@ from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import argument
+from ._device import argument, cuda_guarded, parameter_sources
 
 #: Process-group constructors -> the position of their backend argument (None: keyword only).
 GROUP_FUNCTIONS = {
@@ -31,7 +31,10 @@ def _nccl(node: Optional[ast.AST]) -> bool:
 class NcclBackend(Rule):
     """``torch.distributed.init_process_group(backend="nccl")`` (also positional, ``new_group(backend="nccl")``,
     ``deepspeed.init_distributed(dist_backend="nccl")``, an argparse ``--backend`` option defaulting to
-    ``"nccl"``).
+    ``"nccl"``, a ``backend="nccl"`` parameter default of the file's own function that passes it on to one of these,
+    or ``"nccl"`` given to that parameter by the file's calls); in any case (``"NCCL"``: torch lower-cases it).
+    Not accelerate's ``InitProcessGroupKwargs(backend="nccl")``: that is its default, which ``to_kwargs()`` drops,
+    and accelerate picks hccl / gloo itself.
 
     NCCL exists only on NVIDIA GPUs: elsewhere the call raises. Ascend speaks ``hccl``, a CPU ``gloo``.
     ``npu-port run`` maps ``nccl`` to the target's backend; ``npu-port fix`` writes
@@ -49,7 +52,7 @@ class NcclBackend(Rule):
     targets = ("npu", "cpu")
     fix = "safe"
     handled_by = "npu-port run (the CUDA redirect maps nccl to hccl / gloo)"
-    triggers = ("nccl",)
+    triggers = ("nccl", "NCCL", "Nccl")  # torch takes the backend's name in any case
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, qualified in source.calls():
@@ -65,13 +68,24 @@ class NcclBackend(Rule):
                 options = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
                 if any("backend" in option for option in options):
                     value = next((k.value for k in call.keywords if k.arg == "default"), None)
+            if value is None:
+                continue
             if _nccl(value):
+                places = [(value, "argument", "")]
+            else:  # a parameter of the file's own function, passed on: its default and what the file's calls give
+                places = [(node, kind, function) for node, kind, function in parameter_sources(source, value)]
+            for node, kind, function in places:
+                if not _nccl(node) or cuda_guarded(source, node):
+                    continue  # `"nccl" if torch.cuda.is_available() else "gloo"`: chosen only where CUDA is
+                through = f" (passed on by `{function}` to the process group)" if function else ""
+                default = kind == "default"
                 yield source.finding(
                     self,
-                    value,
-                    "`nccl` exists only on NVIDIA GPUs: use `npu_port.distributed.default_backend()` (hccl on Ascend, "
-                    "gloo on CPU; npu-port run maps it)",
-                    fix=None if value.value.lower() == "nccl" else "manual",  # "cpu:gloo,cuda:nccl": by hand
+                    node,
+                    f"`nccl`{through} exists only on NVIDIA GPUs: use `npu_port.distributed.default_backend()` "
+                    + ("in the function body (a default is evaluated at import; " if default else "(")
+                    + "hccl on Ascend, gloo on CPU; npu-port run maps it)",
+                    fix="manual" if default or node.value.lower() != "nccl" else None,  # type: ignore[attr-defined]
                 )
 
     fix_imports = ("npu_port",)

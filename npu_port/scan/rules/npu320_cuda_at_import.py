@@ -7,22 +7,16 @@ from typing import Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import GENERATOR, RAISES, argument, at_import_time, classify, cuda_api_name, is_cuda_literal
-
-
-def _availability_guard(source: PythonFile, node: ast.AST) -> bool:
-    """Under ``if torch.cuda.is_available():`` (or ``device_count()``): it runs only where CUDA is."""
-    parent = source.parents.get(node)
-    while parent is not None:
-        if isinstance(parent, (ast.If, ast.IfExp)):
-            for inner in ast.walk(parent.test):
-                if isinstance(inner, ast.Call) and cuda_api_name(source.resolve(inner)) in (
-                    "is_available",
-                    "device_count",
-                ):
-                    return True
-        parent = source.parents.get(parent)
-    return False
+from ._device import (
+    GENERATOR,
+    RAISES,
+    argument,
+    at_import_time,
+    classify,
+    cuda_api_name,
+    cuda_guarded,
+    live_cuda_literal,
+)
 
 
 @register_rule
@@ -34,8 +28,9 @@ class CudaAtImport(Rule):
     Without CUDA ``import`` of the module itself fails, and with it every module that imports it — before any
     ``if torch.cuda.is_available()`` in the caller can help. ``npu-port run`` installs its redirect before the
     project is imported, so under it these lines work; to make the module importable anywhere, move the work into
-    the function that needs it (a default of ``None`` resolved inside the call). Lines under
-    ``if torch.cuda.is_available():`` are not reported.
+    the function that needs it (a default of ``None`` resolved inside the call). Lines that run only where CUDA is
+    (under ``if torch.cuda.is_available():``, the ``"cuda"`` of ``"cuda" if torch.cuda.is_available() else "cpu"``)
+    are not reported.
 
     Example::
 
@@ -55,7 +50,7 @@ class CudaAtImport(Rule):
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, qualified in source.calls():
             what = self._what(source, call, qualified)
-            if what and at_import_time(source, call) and not _availability_guard(source, call):
+            if what and at_import_time(source, call) and not cuda_guarded(source, call):
                 yield source.finding(
                     self,
                     call,
@@ -69,15 +64,20 @@ class CudaAtImport(Rule):
         if name is not None:
             return f"`torch.cuda.{name}()`" if classify(name) == RAISES else None
         if qualified in GENERATOR:
-            return '`torch.Generator("cuda")`' if is_cuda_literal(argument(call, 0, "device")) else None
+            return '`torch.Generator("cuda")`' if live_cuda_literal(source, argument(call, 0, "device")) else None
         if qualified in ("torch.device", "torch.set_default_device"):  # a device object alone touches nothing
             return None
         func = call.func
         if isinstance(func, ast.Attribute) and func.attr == "cuda" and qualified not in ("torch.cuda",):
             if source.resolve(func.value) not in ("torch", "torch.cuda"):
                 return "`.cuda()`"
-        if isinstance(func, ast.Attribute) and func.attr == "to" and call.args and is_cuda_literal(call.args[0]):
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "to"
+            and call.args
+            and live_cuda_literal(source, call.args[0])
+        ):
             return '`.to("cuda")`'
-        if any(k.arg == "device" and is_cuda_literal(k.value) for k in call.keywords):
+        if any(k.arg == "device" and live_cuda_literal(source, k.value) for k in call.keywords):
             return 'a tensor on `"cuda"`'
         return None
