@@ -54,7 +54,12 @@ class CudaMethod(Rule):
                     and (receiver.func.attr in STORAGES)
                 ):  # a storage's .cuda(): its .to() takes no device
                     yield source.finding(
-                        self, node, "`storage.cuda()` needs a CUDA device; move the tensor instead", fix="manual"
+                        self,
+                        node,
+                        "`storage.cuda()` raises without CUDA and npu-port run does not redirect it: move the tensor "
+                        "instead",
+                        fix="manual",
+                        severity="runtime",
                     )
                 elif node.args or any(k.arg in ("device", None) for k in node.keywords):  # a device index or **kw
                     yield source.finding(
