@@ -161,6 +161,8 @@ NOT_A_RULE: Dict[str, Dict[str, str]] = {
 
 #: ``handled`` rules that ``npu-port run`` reaches through another rule's pattern, or not at all, and why.
 NOT_BY_RUN: Dict[str, str] = {
+    "NPU316": "run answers every torch.cuda.device_count() with the target's count, and counts none: most calls are "
+    "no rule's pattern (a count that picks a path); NPU316 is the few that would stop the program with 0",
     "NPU601": "a requirements pin is read by pip, not run: the import it stands for counts as NPU101 / NPU102",
     "NPU651": "a config file's xformers / flash switch is read by the project: run counts what it leads to, the "
     "drop-in import (NPU101 / NPU102) or diffusers' switch (NPU120)",
