@@ -224,18 +224,24 @@ def _interested(selected: Sequence[Type[Rule]], text: str, python: bool) -> List
     present: Dict[object, bool] = {}
     if not text.endswith("\n"):
         text += "\n"  # a trigger that ends a line ends the last one too
-
-    def has(trigger) -> bool:
-        found = present.get(trigger)
-        if found is None:
-            found = present[trigger] = trigger in text if trigger.__class__ is str else bool(trigger.search(text))
-        return found
-
-    return [
-        r
-        for r in selected
-        if r is not SyntaxRule and (bool(r.file_patterns) != python) and any(has(t) for t in r.triggers)
-    ]
+    wanted: List[Type[Rule]] = []
+    for rule in selected:
+        if rule is SyntaxRule or bool(rule.file_patterns) == python:
+            continue
+        for group in (rule.triggers, rule.also_triggers) if rule.also_triggers else (rule.triggers,):
+            for trigger in group:  # inline, not a helper per trigger: this loop runs for every file of a tree
+                found = present.get(trigger)
+                if found is None:
+                    found = present[trigger] = (
+                        trigger in text if trigger.__class__ is str else bool(trigger.search(text))
+                    )
+                if found:
+                    break
+            else:
+                break  # no trigger of this group: the rule does not look
+        else:
+            wanted.append(rule)
+    return wanted
 
 
 def scan_file(path: str, vendored: bool, selected: Sequence[Type[Rule]]) -> FileResult:

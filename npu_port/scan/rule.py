@@ -82,6 +82,9 @@ class Rule:
     fix: ClassVar[str] = "manual"
     handled_by: ClassVar[Optional[str]] = None
     triggers: ClassVar[Tuple[Union[str, Pattern[str]], ...]] = ()
+    #: More triggers, of which the file must *also* contain one (empty: no second condition) — for a rule whose
+    #: words are common alone: NPU410 reads float64 only in RoPE code, so a file must also name rope/rotary/freqs.
+    also_triggers: ClassVar[Tuple[Union[str, Pattern[str]], ...]] = ()
     #: Globs (matched against the file name) of the non-Python files :meth:`check_text` reads; empty: Python only.
     file_patterns: ClassVar[Tuple[str, ...]] = ()
 

@@ -277,3 +277,15 @@ def test_the_report_goes_through_a_symlink_and_a_folder_is_a_clear_error(tmp_pat
     assert link.is_symlink() and json.loads(real.read_text())["counts"]["handled"] == 1
     assert main(["scan", str(tmp_path / "a.py"), "-o", str(tmp_path)]) == 2
     assert "cannot write the report to" in capsys.readouterr().err
+
+
+def test_a_rule_looks_at_a_file_only_with_a_trigger_of_each_group():
+    """``triggers`` then ``also_triggers``: NPU410 (float64 in RoPE code) reads a file only when it names both."""
+    from npu_port.scan.engine import _interested
+
+    (rope,) = [r for r in rules() if r.code == "NPU410"]
+    assert rope.also_triggers
+    assert rope in _interested([rope], "def apply_RoPE(x):\n    return x.double()\n", True)
+    assert rope not in _interested([rope], "def scale(x):\n    return x.double()\n", True)  # float64, no RoPE
+    assert rope not in _interested([rope], "def rope(x):\n    return x\n", True)  # RoPE, no float64
+    assert rope not in _interested([rope], "def apply_RoPE(x):\n    return x.double()\n", False)  # not Python

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Dict, Iterator, List, Tuple
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._rope import rope_scope, rope_scopes, wide_dtypes
+from ._rope import ROPE_WORDS, rope_scope, rope_scopes, wide_dtypes
 
 _WHY = {
     "complex": "the NPU has no complex kernels for most ops (aclnn raises 'not implemented for DT_COMPLEX64', or the "
@@ -59,6 +60,8 @@ class RopeFloat64Complex(Rule):
         "float64", "torch.double", ".double(", "view_as_complex", "polar", "complex(", "complex32", "complex64",
         "complex128", "cfloat", "cdouble", "chalf",
     )  # fmt: skip
+    #: ... and only in RoPE code: a file without a rope / rotary / freqs name has none (float64 is everywhere else).
+    also_triggers = (re.compile("|".join(ROPE_WORDS), re.IGNORECASE),)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         if not rope_scopes(source):

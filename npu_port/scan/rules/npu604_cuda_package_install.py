@@ -56,7 +56,9 @@ class CudaPackageInstall(Rule):
     severity = "runtime"
     targets = ("npu", "cpu")
     fix = "manual"
-    triggers = ("install",)
+    #: `pip install`, `pip3 install`, `"pip", "install"`, `run_line_magic('pip', 'install ...')`: "install" alone is in
+    #: every "please install X" message.
+    triggers = (re.compile(r"""pip3?["']?\s*,?\s*["']?install"""),)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, name in source.calls():
