@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import io
 import os
 import re
@@ -225,10 +226,8 @@ def _interested(selected: Sequence[Type[Rule]], text: str, python: bool) -> List
     if not text.endswith("\n"):
         text += "\n"  # a trigger that ends a line ends the last one too
     wanted: List[Type[Rule]] = []
-    for rule in selected:
-        if rule is SyntaxRule or bool(rule.file_patterns) == python:
-            continue
-        for group in (rule.triggers, rule.also_triggers) if rule.also_triggers else (rule.triggers,):
+    for groups, same in _trigger_sets(tuple(selected), python):
+        for group in groups:
             for trigger in group:  # inline, not a helper per trigger: this loop runs for every file of a tree
                 found = present.get(trigger)
                 if found is None:
@@ -238,10 +237,23 @@ def _interested(selected: Sequence[Type[Rule]], text: str, python: bool) -> List
                 if found:
                     break
             else:
-                break  # no trigger of this group: the rule does not look
+                break  # no trigger of this group: these rules do not look
         else:
-            wanted.append(rule)
-    return wanted
+            wanted.extend(same)
+    return sorted(wanted, key=selected.index) if len(wanted) > 1 else wanted
+
+
+@functools.lru_cache(maxsize=8)
+def _trigger_sets(selected: Tuple[Type[Rule], ...], python: bool) -> List[Tuple[Tuple[Tuple[object, ...], ...], List]]:
+    """The selected rules of a file's kind, grouped by their triggers (a dozen rules look for ``cuda``): each
+    group's triggers are looked at once per file."""
+    sets: Dict[Tuple[Tuple[object, ...], ...], List[Type[Rule]]] = {}
+    for rule in selected:
+        if rule is SyntaxRule or bool(rule.file_patterns) == python:
+            continue
+        groups = (rule.triggers, rule.also_triggers) if rule.also_triggers else (rule.triggers,)
+        sets.setdefault(groups, []).append(rule)
+    return list(sets.items())
 
 
 def scan_file(path: str, vendored: bool, selected: Sequence[Type[Rule]]) -> FileResult:
