@@ -899,3 +899,31 @@ def test_the_fixed_amp_step_computes_on_the_cpu_what_the_original_does_under_npu
     ]
     assert redirected["scale"][0] == 2.0**11  # a finite step: the scale grew after growth_interval=1
     assert plain["legacy"][1] == torch.float32 and plain["scale"][0] == 1.0  # off: no autocast, no scaling
+
+
+def test_the_fixed_cuda_training_benchmark_trains_on_the_cpu_exactly_as_the_one_written_for_it(tmp_path):
+    """benchmarks/redirect/train_cuda.py (``.cuda()``, ``device="cuda"``, ``torch.cuda.amp.autocast`` with a
+    ``GradScaler``, ``torch.cuda.synchronize``), fixed and run with no redirect, gives train_cpu.py's losses and
+    weights bit for bit: float16 autocast and a scaler on the CPU, as the CUDA code asked of CUDA."""
+    import runpy
+    import shutil
+    import warnings
+
+    import torch
+
+    redirect = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "redirect")
+    script = tmp_path / "train_cuda.py"
+    shutil.copy(os.path.join(redirect, "train_cuda.py"), script)
+    (one,) = fix([str(script)], write=True)
+    assert sorted(f.code for f in one.fixed) == ["NPU301", "NPU301", "NPU302", "NPU302", "NPU302"] + [
+        "NPU307",
+        "NPU308",
+        "NPU310",
+    ]
+    assert [f.code for f in one.left] == ["NPU303"]  # torch.cuda.manual_seed: seeds nothing here, harmlessly
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "CUDA is not available ... Disabling" left
+        fixed = runpy.run_path(str(script))["train"](12)
+    cpu = runpy.run_path(os.path.join(redirect, "train_cpu.py"))["train"](12)
+    assert fixed["device"] == "cpu" and fixed["losses"] == cpu["losses"]
+    assert all(torch.equal(a, b) for a, b in zip(fixed["params"], cpu["params"]))
