@@ -15,10 +15,12 @@ from .detect import (
     get_device,
 )
 from .helpers import (
+    autocast,
     autocast_device_type,
     autocast_dtype,
     device_count,
     empty_cache,
+    grad_scaler,
     manual_seed,
     max_memory_allocated,
     mem_get_info,
@@ -33,6 +35,7 @@ __all__ = [
     "DEVICE_TYPES",
     "ENV_VARIABLE",
     "BackendStatus",
+    "autocast",
     "autocast_device_type",
     "autocast_dtype",
     "available_device_types",
@@ -43,6 +46,7 @@ __all__ = [
     "empty_cache",
     "free_memory_bytes",
     "get_device",
+    "grad_scaler",
     "host_memory_bytes",
     "manual_seed",
     "max_memory_allocated",

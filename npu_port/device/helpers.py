@@ -9,9 +9,11 @@ and synchronising or emptying a cache does nothing — the answers a CPU run of 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Optional, Tuple
 
 import torch
+from torch.torch_version import TorchVersion
 
 from .detect import DEVICE_TYPES, ENV_VARIABLE, DeviceLike, backend_status, get_device
 from .memory import host_memory_bytes
@@ -124,3 +126,98 @@ def autocast_device_type(device: DeviceLike = None) -> str:
 def autocast_dtype(device: DeviceLike = None) -> torch.dtype:
     """The dtype autocast uses by default on ``device`` when none is given."""
     return AUTOCAST_DTYPES.get(_device_type(device), torch.bfloat16)
+
+
+#: Autocast device types of torch before 2.4, which has no ``is_autocast_available`` (besides the privateuse1
+#: backend, ``npu`` once torch_npu is loaded).
+_AUTOCAST_TYPES = ("cuda", "cpu", "xpu", "hpu", "ipu", "xla")
+
+
+def _autocast_available(kind: str) -> bool:
+    check = getattr(torch.amp.autocast_mode, "is_autocast_available", None)  # torch >= 2.4
+    if check is not None:
+        return bool(check(kind))
+    return kind in _AUTOCAST_TYPES or kind == torch._C._get_privateuse1_backend_name()
+
+
+def _cuda_autocast_dtype() -> torch.dtype:
+    """What ``torch.autocast("cuda")`` takes when given no dtype: float16, unless the program set another."""
+    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4 (get_autocast_gpu_dtype warns there)
+        return torch.get_autocast_dtype("cuda")
+    return torch.get_autocast_gpu_dtype()
+
+
+def autocast(
+    dtype: Optional[torch.dtype] = None,
+    enabled: bool = True,
+    cache_enabled: Optional[bool] = None,
+    *,
+    device: DeviceLike = None,
+) -> torch.autocast:
+    """``torch.autocast("cuda", dtype, enabled, cache_enabled)`` for the device npu-port detects (or ``device``):
+    what ``npu-port fix`` writes for CUDA autocast, as a context manager or a decorator.
+
+    On CUDA it *is* that call (``dtype=None``: torch's CUDA default, float16 unless the program set another;
+    ``cache_enabled=None``: the current setting). Elsewhere ``dtype=None`` still means CUDA's dtype, so the region
+    computes what the code was written to compute (the cpu's own default would be bfloat16) — as ``npu-port run``'s
+    redirect does. Where torch's autocast cannot run the region — torch 2.1's CPU autocast takes only bfloat16 and
+    raises on entering with another dtype; mps has no autocast before torch 2.5 — the region runs without autocast
+    (float32) with a warning: what CUDA autocast does where there is no CUDA, without the crash.
+    """
+    kind = _device_type(device)
+    if kind == "cuda":
+        return torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+    if dtype is None:
+        dtype = _cuda_autocast_dtype()
+    old_cpu = kind == "cpu" and dtype != torch.bfloat16 and TorchVersion(torch.__version__) < (2, 2)
+    if old_cpu or not _autocast_available(kind):
+        if enabled:
+            warnings.warn(
+                f"npu-port: torch {torch.__version__} has no {kind} autocast to {dtype}: the region runs without "
+                "autocast (float32)",
+                stacklevel=2,
+            )
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=False, cache_enabled=cache_enabled)
+    return torch.autocast(kind, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+
+def grad_scaler(
+    init_scale: float = 2.0**16,
+    growth_factor: float = 2.0,
+    backoff_factor: float = 0.5,
+    growth_interval: int = 2000,
+    enabled: bool = True,
+    *,
+    device: DeviceLike = None,
+):
+    """A gradient scaler for the device npu-port detects (or ``device``), with ``torch.cuda.amp.GradScaler``'s
+    arguments: what ``npu-port fix`` writes for a CUDA GradScaler.
+
+    The class depends on the device and the torch version, which is why this is a function and not
+    ``torch.amp.GradScaler(device)`` written in place: that class exists from torch 2.3 only. On CUDA:
+    ``torch.amp.GradScaler("cuda", ...)`` (what ``torch.cuda.amp.GradScaler`` calls), or ``torch.cuda.amp.GradScaler``
+    before 2.3. On an NPU: torch_npu's ``torch_npu.npu.amp.GradScaler`` — the one Ascend documents, and the only one
+    that sees overflow on chips without inf/nan mode (it reads the NPU's overflow flag; torch's scaler looks for inf
+    in the gradients, which saturate there) and agrees on it across ranks. Elsewhere ``torch.amp.GradScaler(type)``;
+    where this torch has none for the device (before 2.3), a disabled scaler, with a warning — what a CUDA
+    GradScaler does where there is no CUDA.
+    """
+    kind = _device_type(device)
+    options = dict(init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor)
+    options.update(growth_interval=growth_interval, enabled=enabled)
+    if kind == "npu":
+        from torch_npu.npu.amp import GradScaler as NpuGradScaler
+
+        return NpuGradScaler(**options)
+    generic = getattr(torch.amp, "GradScaler", None)  # torch >= 2.3
+    if generic is not None:
+        return generic(kind, **options)
+    if kind != "cuda":
+        if enabled:
+            warnings.warn(
+                f"npu-port: torch {torch.__version__} has no GradScaler for {kind} (torch.amp.GradScaler comes with "
+                "torch 2.3): gradient scaling is off",
+                stacklevel=2,
+            )
+        options["enabled"] = False
+    return torch.cuda.amp.GradScaler(**options)

@@ -120,6 +120,14 @@ STATEMENTS = [
     "e2 = pipe.encode(p, execution_device='cuda', device_map='cuda:0')",
     "g2 = x.cuda() if torch.cuda.is_available() else x",
     "if torch.cuda.is_available():\n    torch.cuda.synchronize()\nelse:\n    x = x.to('cuda')",
+    "with torch.cuda.amp.autocast(enabled=True):\n    y = model(x)",
+    "from torch.cuda.amp import autocast as ac, GradScaler\nwith ac(dtype=torch.bfloat16):\n    sc = GradScaler()",
+    "@torch.autocast(device_type='cuda', dtype=torch.float16)\ndef fwd(a):\n    return a",
+    "sc2 = torch.amp.GradScaler('cuda', init_scale=1024)",
+    "g = torch.Generator('cuda').manual_seed(0)",
+    "g2 = torch.Generator(device='cuda:1')",
+    "with torch.autocast('cuda' if x else 'cpu'):\n    pass",  # the project's choice of device: left to the user
+    "if torch.cuda.is_available():\n    sc3 = torch.cuda.amp.GradScaler()",
 ]
 
 
@@ -614,3 +622,308 @@ def test_the_fixes_of_values_passed_through_the_files_own_functions(tmp_path):
     ]
     fix([str(path)], write=True)
     assert fix([str(path)])[0].new is None  # a fixed point
+
+
+# ---- NPU307 / NPU308 / NPU309: autocast, GradScaler and Generator for the detected device ----------------------------
+
+#: Each form as the project writes it -> what ``npu-port fix`` writes (the file starts ``import torch``).
+AMP_FORMS = [
+    ("with torch.cuda.amp.autocast():", "with npu_port.device.autocast(dtype=torch.float16, cache_enabled=True):"),
+    (
+        "with torch.cuda.amp.autocast(True, torch.bfloat16, False):",
+        "with npu_port.device.autocast(enabled=True, dtype=torch.bfloat16, cache_enabled=False):",
+    ),
+    (
+        "with torch.cuda.amp.autocast(enabled=False):",
+        "with npu_port.device.autocast(enabled=False, dtype=torch.float16, cache_enabled=True):",
+    ),
+    (
+        "with torch.cuda.amp.autocast(dtype=torch.bfloat16, cache_enabled=False):",
+        "with npu_port.device.autocast(dtype=torch.bfloat16, cache_enabled=False):",
+    ),
+    ("@torch.cuda.amp.autocast()", "@npu_port.device.autocast(dtype=torch.float16, cache_enabled=True)"),
+    ("with torch.autocast('cuda'):", "with npu_port.device.autocast():"),
+    ("with torch.autocast('cuda', torch.bfloat16):", "with npu_port.device.autocast(torch.bfloat16):"),
+    (
+        "with torch.autocast(device_type='cuda', dtype=torch.float16, enabled=use_amp):",
+        "with npu_port.device.autocast(dtype=torch.float16, enabled=use_amp):",
+    ),
+    (
+        "with torch.autocast(dtype=torch.float16, device_type='cuda'):",
+        "with npu_port.device.autocast(dtype=torch.float16):",
+    ),
+    ("with torch.amp.autocast('cuda', enabled=False):", "with npu_port.device.autocast(enabled=False):"),
+    ("@torch.autocast(device_type='cuda', enabled=False)", "@npu_port.device.autocast(enabled=False)"),
+    ("with torch.autocast('cuda', **amp_options):", "with npu_port.device.autocast(**amp_options):"),
+    ("scaler = torch.cuda.amp.GradScaler()", "scaler = npu_port.device.grad_scaler()"),
+    (
+        "scaler = torch.cuda.amp.GradScaler(2.0**10, 2.0, 0.5, 100, use_amp)",
+        "scaler = npu_port.device.grad_scaler(2.0**10, 2.0, 0.5, 100, use_amp)",
+    ),
+    ("scaler = torch.cuda.amp.GradScaler(**amp_options)", "scaler = npu_port.device.grad_scaler(**amp_options)"),
+    ("scaler = torch.amp.GradScaler('cuda')", "scaler = npu_port.device.grad_scaler()"),
+    ("scaler = torch.amp.GradScaler()", "scaler = npu_port.device.grad_scaler()"),
+    (
+        "scaler = torch.amp.GradScaler('cuda', 1024.0, enabled=use_amp)",
+        "scaler = npu_port.device.grad_scaler(1024.0, enabled=use_amp)",
+    ),
+    (
+        "scaler = torch.amp.GradScaler(init_scale=8.0, device='cuda')",
+        "scaler = npu_port.device.grad_scaler(init_scale=8.0)",
+    ),
+    (
+        "scaler = torch.GradScaler(device='cuda', growth_interval=10)",
+        "scaler = npu_port.device.grad_scaler(growth_interval=10)",
+    ),
+    ("g = torch.Generator('cuda').manual_seed(0)", "g = torch.Generator(npu_port.get_device().type).manual_seed(0)"),
+    ("g = torch.Generator(device='cuda')", "g = torch.Generator(device=npu_port.get_device().type)"),
+    ("g = torch.Generator(device='cuda:1')", "g = torch.Generator(device=f'{npu_port.get_device().type}:1')"),
+    (  # the "cuda" is a torch.device argument: NPU310's, fixed the same way
+        "g = torch.Generator(device=torch.device('cuda'))",
+        "g = torch.Generator(device=torch.device(npu_port.get_device().type))",
+    ),
+]
+
+
+@pytest.mark.parametrize("before, after", AMP_FORMS, ids=[before for before, _ in AMP_FORMS])
+def test_each_amp_and_generator_form_is_fixed_exactly(tmp_path, before, after):
+    """In a function: at module level the Generator would also be NPU320's (it runs at import)."""
+    body = "        pass\n" if before.startswith("with") else "    def f():\n        pass\n" if before[0] == "@" else ""
+    head = "import torch\ndef run(use_amp, amp_options):\n"
+    one = fixed(tmp_path, f"{head}    {before}\n{body}")
+    assert one.new == f"import torch\nimport npu_port\n\n{head[13:]}    {after}\n{body}"
+    assert [f.fix for f in one.fixed] == ["safe"] and one.left == []
+    path = tmp_path / "m.py"
+    path.write_text(one.new)
+    assert scan([str(path)]).findings == [] and all(f.new is None for f in fix([str(path)]))  # a fixed point
+
+
+def test_every_alias_of_the_cuda_amp_classes_is_fixed_and_the_imports_left_unused_go(tmp_path):
+    one = fixed(
+        tmp_path,
+        "import torch\n"
+        "import torch.cuda.amp as amp\n"
+        "from torch.cuda.amp import autocast, GradScaler  # mixed precision\n"
+        "from torch import autocast as torch_autocast\n"
+        "my_autocast = torch.cuda.amp.autocast\n"
+        "def train(model, x):\n"
+        "    scaler = GradScaler(enabled=True)\n"
+        "    with autocast(dtype=torch.float16):\n"
+        "        with amp.autocast(enabled=False):\n"
+        "            with my_autocast():\n"
+        "                with torch_autocast('cuda', enabled=True):\n"
+        "                    return scaler, amp.GradScaler()\n",
+    )
+    assert one.new == (
+        "import torch\n"
+        "import torch.cuda.amp as amp\n"
+        "import npu_port\n"
+        "\n"
+        "my_autocast = torch.cuda.amp.autocast\n"
+        "def train(model, x):\n"
+        "    scaler = npu_port.device.grad_scaler(enabled=True)\n"
+        "    with npu_port.device.autocast(dtype=torch.float16, cache_enabled=True):\n"
+        "        with npu_port.device.autocast(enabled=False, dtype=torch.float16, cache_enabled=True):\n"
+        "            with npu_port.device.autocast(dtype=torch.float16, cache_enabled=True):\n"
+        "                with npu_port.device.autocast(enabled=True):\n"
+        "                    return scaler, npu_port.device.grad_scaler()\n"
+    )
+
+
+def test_the_dtype_written_out_brings_import_torch_where_the_file_had_only_a_from_import(tmp_path):
+    one = fixed(
+        tmp_path, "from torch.cuda.amp import autocast\n\n\ndef f(m, x):\n    with autocast():\n        return m(x)\n"
+    )
+    assert one.new == (
+        "import npu_port\nimport torch\n\n\n"
+        "def f(m, x):\n    with npu_port.device.autocast(dtype=torch.float16, cache_enabled=True):\n        return m(x)\n"
+    )
+
+
+def test_a_call_over_several_lines_keeps_its_layout_and_trailing_comma(tmp_path):
+    one = fixed(
+        tmp_path,
+        "import torch\n"
+        "with torch.cuda.amp.autocast(\n"
+        "    enabled=True,  # on\n"
+        "):\n"
+        "    pass\n"
+        "scaler = torch.amp.GradScaler(\n"
+        "    init_scale=8.0,\n"
+        "    device='cuda',\n"
+        ")\n",
+    )
+    assert one.new == (
+        "import torch\n"
+        "import npu_port\n"
+        "\n"
+        "with npu_port.device.autocast(\n"
+        "    enabled=True, dtype=torch.float16, cache_enabled=True,  # on\n"
+        "):\n"
+        "    pass\n"
+        "scaler = npu_port.device.grad_scaler(\n"
+        "    init_scale=8.0,\n"
+        ")\n"
+    )
+
+
+def test_amp_forms_that_cannot_be_fixed_safely_stay_manual_and_cuda_guarded_ones_are_not_reported(tmp_path):
+    source = (
+        "import torch\n"
+        "def run(model, x, args, options, rank, use_cuda):\n"
+        "    with torch.autocast('cuda' if use_cuda else 'cpu'):\n"  # the project's choice of device
+        "        pass\n"
+        "    with torch.autocast('cuda:0'):\n"  # not a device type: torch raises; the fix would hide it
+        "        pass\n"
+        "    with torch.cuda.amp.autocast(*args):\n"
+        "        pass\n"
+        "    with torch.cuda.amp.autocast(**options):\n"  # is a dtype in there? its default must be written or not
+        "        pass\n"
+        "    scaler = torch.amp.GradScaler(*args)\n"  # the device may be args[0]
+        "    gen = torch.Generator(f'cuda:{rank}')\n"
+        "    if torch.cuda.is_available():\n"
+        "        with torch.cuda.amp.autocast():\n"
+        "            scaler = torch.cuda.amp.GradScaler()\n"
+        "            gen = torch.Generator('cuda')\n"
+        "    return scaler, gen\n"
+        "@torch.jit.script\n"
+        "def scripted(x: torch.Tensor) -> torch.Tensor:\n"
+        "    with torch.cuda.amp.autocast():\n"  # TorchScript calls no Python helper
+        "        return x * 2\n"
+    )
+    one = fixed(tmp_path, source)
+    assert one.new is None
+    left = sorted((f.line, f.code, f.fix) for f in one.left if f.code in ("NPU307", "NPU308", "NPU309"))
+    assert left == [
+        (3, "NPU307", "manual"),
+        (5, "NPU307", "manual"),
+        (7, "NPU307", "manual"),
+        (9, "NPU307", "manual"),
+        (11, "NPU308", "manual"),
+        (12, "NPU309", "manual"),
+        (20, "NPU307", "manual"),
+    ]
+
+
+#: A CUDA-written mixed-precision step: every autocast form, a GradScaler step and a seeded CUDA generator. It saves
+#: what it computed (outputs, their dtypes, the scaler's state, the weights after the step, the random draw).
+AMP_SCRIPT = """\
+import sys
+
+import torch
+from torch.cuda.amp import GradScaler, autocast
+
+
+@torch.cuda.amp.autocast()
+def forward(model, x):
+    return model(x)
+
+
+def main(out):
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(8, 4), torch.randn(3, 8)
+    results = {}
+    with autocast():
+        results["legacy"] = model(x)
+    with torch.autocast("cuda"):
+        results["modern"] = model(x)
+    with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+        results["bf16"] = model(x)
+    with torch.amp.autocast("cuda", enabled=False):
+        results["off"] = model(x)
+    results["decorated"] = forward(model, x)
+    scaler = GradScaler(init_scale=2.0**10, growth_interval=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with autocast():
+        loss = model(x).float().square().mean()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    results["scale"], results["weight"] = scaler.get_scale(), model.weight.detach().clone()
+    save(results, out)  # what ran before the generator (which raises without CUDA)
+    generator = torch.Generator("cuda").manual_seed(3)
+    results["draw"] = torch.randn(4, generator=generator, device=generator.device)
+    save(results, out)
+
+
+def save(results, out):
+    torch.save({key: (value, getattr(value, "dtype", None)) for key, value in results.items()}, out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
+"""
+
+
+def _amp_run(folder, script, out, *run, fails=None):
+    """Run ``script`` (under ``npu-port run`` with ``run``'s options, if any) and load what it saved; ``fails``: the
+    last line of the error it must stop with."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("NPU_PORT_DEVICE", "PYTHONPATH")}
+    environment.update(PYTHONWARNINGS="ignore", NPU_PORT_CACHE_DIR=str(folder / "cache"))
+    command = [sys.executable, *(["-m", "npu_port", "run", *run] if run else []), script, out]
+    result = subprocess.run(command, cwd=folder, env=environment, capture_output=True, text=True, timeout=300)
+    if fails is None:
+        assert result.returncode == 0, result.stderr[-3000:]
+    else:
+        assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith(fails), result.stderr
+    import torch
+
+    return torch.load(folder / out)
+
+
+@pytest.mark.e2e
+def test_the_fixed_amp_step_computes_on_the_cpu_what_the_original_does_under_npu_port_run(tmp_path):
+    """The original, run with ``npu-port run --device cpu`` (the CUDA redirect), against the fixed file run with
+    plain Python and under ``npu-port run``: the same outputs in the same dtypes, the same scaler step and scale,
+    the same random draw. Run with plain Python the original autocasts nothing (CUDA autocast is off without CUDA)."""
+    import torch
+
+    (tmp_path / "original.py").write_text(AMP_SCRIPT)
+    (tmp_path / "fixed.py").write_text(AMP_SCRIPT)
+    (one,) = fix([str(tmp_path / "fixed.py")], write=True)
+    assert sorted({f.code for f in one.fixed}) == ["NPU307", "NPU308", "NPU309"] and one.left == []
+    redirected = _amp_run(tmp_path, "original.py", "redirected.pt", "--device", "cpu")
+    plain = _amp_run(tmp_path, "original.py", "plain.pt", fails="RuntimeError: Cannot get CUDA generator")
+    for name, results in (("fixed", "fixed.pt"), ("fixed-under-run", "fixed-run.pt")):
+        got = _amp_run(tmp_path, "fixed.py", results, *(["--device", "cpu"] if name == "fixed-under-run" else []))
+        assert got.keys() == redirected.keys()
+        for key, (value, dtype) in redirected.items():
+            assert got[key][1] == dtype, (name, key)
+            assert torch.equal(torch.as_tensor(got[key][0]), torch.as_tensor(value)), (name, key)
+    assert [redirected[k][1] for k in ("legacy", "modern", "bf16", "off", "decorated")] == [
+        torch.float16,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float16,
+    ]
+    assert redirected["scale"][0] == 2.0**11  # a finite step: the scale grew after growth_interval=1
+    assert plain["legacy"][1] == torch.float32 and plain["scale"][0] == 1.0  # off: no autocast, no scaling
+
+
+def test_the_fixed_cuda_training_benchmark_trains_on_the_cpu_exactly_as_the_one_written_for_it(tmp_path):
+    """benchmarks/redirect/train_cuda.py (``.cuda()``, ``device="cuda"``, ``torch.cuda.amp.autocast`` with a
+    ``GradScaler``, ``torch.cuda.synchronize``), fixed and run with no redirect, gives train_cpu.py's losses and
+    weights bit for bit: float16 autocast and a scaler on the CPU, as the CUDA code asked of CUDA."""
+    import runpy
+    import shutil
+    import warnings
+
+    import torch
+
+    redirect = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "redirect")
+    script = tmp_path / "train_cuda.py"
+    shutil.copy(os.path.join(redirect, "train_cuda.py"), script)
+    (one,) = fix([str(script)], write=True)
+    assert sorted(f.code for f in one.fixed) == ["NPU301", "NPU301", "NPU302", "NPU302", "NPU302"] + [
+        "NPU307",
+        "NPU308",
+        "NPU310",
+    ]
+    assert [f.code for f in one.left] == ["NPU303"]  # torch.cuda.manual_seed: seeds nothing here, harmlessly
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "CUDA is not available ... Disabling" left
+        fixed = runpy.run_path(str(script))["train"](12)
+    cpu = runpy.run_path(os.path.join(redirect, "train_cpu.py"))["train"](12)
+    assert fixed["device"] == "cpu" and fixed["losses"] == cpu["losses"]
+    assert all(torch.equal(a, b) for a, b in zip(fixed["params"], cpu["params"]))

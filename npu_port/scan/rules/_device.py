@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ast
 import operator
-from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 from ..context import LOCAL
 
@@ -612,3 +612,23 @@ def _inside(source: "PythonFile", node: ast.AST, owner: Optional[ast.AST]) -> bo
     while parent is not None and parent is not owner:
         parent = source.parents.get(parent)
     return parent is owner
+
+
+# ---- rewrites shared by NPU307 / NPU308: a CUDA device argument taken out of a libcst call ------------------------
+
+
+def without_device(call: Any, keyword: str) -> Optional[List[Any]]:
+    """The libcst arguments of ``call`` less its device — a first positional string (``torch.autocast("cuda",
+    ...)``) or ``keyword=`` — or None when it has none. The argument before a removed last one takes its comma, so
+    a trailing comma and the whitespace before the closing parenthesis stay as they were."""
+    import libcst as cst
+
+    args = list(call.args)
+    for index, arg in enumerate(args):
+        first_string = index == 0 and arg.keyword is None and isinstance(arg.value, cst.SimpleString)
+        if first_string or (arg.keyword is not None and arg.keyword.value == keyword):
+            removed = args.pop(index)
+            if index == len(args) and args:
+                args[-1] = args[-1].with_changes(comma=removed.comma)
+            return args
+    return None

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+import ast
+from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import GRAD_SCALER, argument, cuda_guarded, live_cuda_literal
+from ._device import GRAD_SCALER, argument, cuda_guarded, live_cuda_literal, without_device
+
+#: ``torch.cuda.amp.GradScaler`` under the names it is imported by.
+CUDA_AMP_SCALER = ("torch.cuda.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler")
 
 
 @register_rule
@@ -16,11 +20,17 @@ class CudaGradScaler(Rule):
 
     Without CUDA torch warns "GradScaler is enabled, but CUDA is not available. Disabling." and scaling is off: float16
     training on an NPU then underflows its gradients. ``npu-port run``'s redirect gives the scaler the target's
-    device; ``npu-port fix`` writes ``torch.amp.GradScaler(npu_port.get_device().type, ...)`` (``"cuda"`` on CUDA).
+    device. ``npu-port fix`` writes ``npu_port.device.grad_scaler(...)`` with the same scaler arguments (the device
+    argument dropped): on CUDA ``torch.amp.GradScaler("cuda", ...)``, which ``torch.cuda.amp.GradScaler`` is. A
+    helper, not ``torch.amp.GradScaler(npu_port.get_device().type, ...)``, because that class exists from torch 2.3
+    only, and on an NPU the scaler to use is torch_npu's, which also sees overflow on chips that saturate instead of
+    giving inf (see :func:`npu_port.device.grad_scaler`). Left to fix by hand: a device other than a plain ``"cuda"``,
+    and ``torch.amp.GradScaler(*args)`` (the device may be in ``args``).
 
     Example::
 
-        scaler = torch.cuda.amp.GradScaler()  # NPU308
+        scaler = torch.cuda.amp.GradScaler()  # NPU308 -> npu_port.device.grad_scaler()
+        scaler = torch.amp.GradScaler("cuda", init_scale=1024)  # NPU308 -> npu_port.device.grad_scaler(init_scale=1024)
     """
 
     code = "NPU308"
@@ -28,23 +38,44 @@ class CudaGradScaler(Rule):
     message = "a GradScaler for CUDA is disabled (with a warning) elsewhere"
     severity = "handled"
     targets = ("npu", "cpu")
-    fix = "manual"  # a safe rewrite exists in principle; npu-port fix does not do it yet
+    fix = "safe"
     handled_by = "npu-port run (the CUDA redirect)"
     triggers = ("GradScaler",)
+    fix_imports = ("npu_port",)
+    fix_replaces = (*CUDA_AMP_SCALER, *GRAD_SCALER)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, qualified in source.calls():
-            if qualified == "torch.cuda.amp.GradScaler":
-                cuda = not cuda_guarded(source, call)
+            if qualified in CUDA_AMP_SCALER:
+                if cuda_guarded(source, call):
+                    continue
+                first = call.args[0] if call.args else None  # a string there would read as a device in rewrite()
+                fixable = not (isinstance(first, ast.Constant) and isinstance(first.value, str))
             elif qualified in GRAD_SCALER:
                 device = argument(call, 0, "device")  # None: "cuda", torch.amp.GradScaler's default
-                cuda = not cuda_guarded(source, call) if device is None else live_cuda_literal(source, device)
+                if not (not cuda_guarded(source, call) if device is None else live_cuda_literal(source, device)):
+                    continue
+                plain = device is None or (isinstance(device, ast.Constant) and device.value == "cuda")
+                fixable = plain and not any(isinstance(a, ast.Starred) for a in call.args)
             else:
                 continue
-            if cuda:
-                yield source.finding(
-                    self,
-                    call,
-                    "a GradScaler for CUDA warns and runs disabled elsewhere: use "
-                    "`torch.amp.GradScaler(npu_port.get_device().type, ...)` (npu-port run redirects it)",
-                )
+            yield source.finding(
+                self,
+                call,
+                "a GradScaler for CUDA warns and runs disabled elsewhere: use `npu_port.device.grad_scaler(...)`, "
+                "the scaler for the detected device (npu-port run redirects it)",
+                fix=None if fixable else "manual",
+            )
+
+    def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
+        """``torch.cuda.amp.GradScaler(...)`` -> ``npu_port.device.grad_scaler(...)``, the arguments as they are (the
+        same parameters in the same order); ``torch.amp.GradScaler("cuda", ...)`` / ``(device="cuda", ...)`` -> the
+        same less the device. A first positional string or a ``device=`` keyword is that device: the check made the
+        fix safe only where it is a plain ``"cuda"`` (``torch.cuda.amp.GradScaler`` takes neither)."""
+        import libcst as cst
+
+        if not isinstance(node, cst.Call):
+            return None
+        func = cst.parse_expression("npu_port.device.grad_scaler")
+        args = without_device(node, "device")
+        return node.with_changes(func=func, args=node.args if args is None else args)

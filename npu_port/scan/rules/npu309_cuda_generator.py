@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
 from ._device import GENERATOR, argument, live_cuda_literal
+from .npu310_cuda_device_literal import CudaDeviceLiteral
+from .npu310_cuda_device_literal import _plain as plain_literal
 
 
 @register_rule
@@ -14,12 +16,17 @@ class CudaGenerator(Rule):
     """``torch.Generator("cuda")`` / ``torch.Generator(device="cuda")`` (diffusers pipelines' seeded generators).
 
     Without CUDA it raises "Cannot get CUDA generator without ATen_cuda library". ``npu-port run``'s redirect
-    makes the generator on the target; ``npu-port fix`` writes ``torch.Generator(npu_port.get_device())``. Note
-    that a generator on another device draws a different random stream than CUDA's for the same seed.
+    makes the generator on the target. ``npu-port fix`` rewrites the device as NPU310 rewrites a device literal:
+    ``torch.Generator(npu_port.get_device().type)`` — ``"cuda"`` on CUDA, the same generator, on the current device
+    as before (``npu_port.get_device()`` would be ``cuda:0``); ``"npu"`` on an NPU, where torch_npu makes NPU
+    generators; ``"cpu"`` on a CPU. ``"cuda:1"`` keeps its index. ``torch.Generator(device=torch.device("cuda"))`` is
+    NPU310's (its ``"cuda"`` is a ``torch.device`` argument), fixed the same way. Left to fix by hand: an f-string or
+    ``"cuda" if ... else "cpu"`` (which device is the project's choice). Note that a generator on another device
+    draws a different random stream than CUDA's for the same seed.
 
     Example::
 
-        g = torch.Generator("cuda").manual_seed(0)  # NPU309
+        g = torch.Generator("cuda").manual_seed(0)  # NPU309 -> torch.Generator(npu_port.get_device().type)
     """
 
     code = "NPU309"
@@ -27,16 +34,36 @@ class CudaGenerator(Rule):
     message = '`torch.Generator("cuda")` raises without CUDA'
     severity = "handled"
     targets = ("npu", "cpu")
-    fix = "manual"  # a safe rewrite exists in principle; npu-port fix does not do it yet
+    fix = "safe"
     handled_by = "npu-port run (the CUDA redirect)"
     triggers = ("cuda",)  # every form names cuda: torch.cuda.* or a "cuda" device
+    fix_imports = ("npu_port",)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, qualified in source.calls():
-            if qualified in GENERATOR and live_cuda_literal(source, argument(call, 0, "device")):
+            device = argument(call, 0, "device")
+            if qualified in GENERATOR and live_cuda_literal(source, device):
                 yield source.finding(
                     self,
                     call,
-                    '`torch.Generator("cuda")` raises without CUDA: use `torch.Generator(npu_port.get_device())` '
-                    "(npu-port run redirects it)",
+                    '`torch.Generator("cuda")` raises without CUDA: use '
+                    "`torch.Generator(npu_port.get_device().type)` (npu-port run redirects it)",
+                    fix=None if plain_literal(device) else "manual",
                 )
+
+    def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
+        """The device of ``torch.Generator("cuda")`` / ``(device="cuda:1")`` rewritten as NPU310 rewrites a device
+        literal (the check made the fix safe only for a plain ``"cuda"`` / ``"cuda:N"``)."""
+        import libcst as cst
+
+        if not isinstance(node, cst.Call):
+            return None
+        for index, arg in enumerate(node.args):
+            if (arg.keyword is None and index == 0) or (arg.keyword is not None and arg.keyword.value == "device"):
+                device = CudaDeviceLiteral().rewrite(arg.value, finding)  # None unless a plain "cuda" / "cuda:N"
+                if device is None:
+                    return None
+                args = list(node.args)
+                args[index] = arg.with_changes(value=device)
+                return node.with_changes(args=args)
+        return None
