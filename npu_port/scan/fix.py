@@ -24,6 +24,7 @@ import dataclasses
 import difflib
 import io
 import os
+import re
 import stat
 import tokenize
 from dataclasses import dataclass, field
@@ -179,6 +180,28 @@ def _rewrite(text: str, wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]]) ->
     return module.code, done
 
 
+def _torch_too_old(needed: Optional[str]) -> Optional[str]:
+    """Why a rewrite that needs torch >= ``needed`` is not made here (the torch installed where ``fix`` runs — the
+    project's environment — is older, or absent), or None. Read from the package metadata: torch is not imported."""
+    if needed is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("torch")
+    except PackageNotFoundError:
+        return f"not fixed: the fix needs torch >= {needed}, and torch is not installed here"
+    if _release(installed) < _release(needed):
+        return f"not fixed: the fix needs torch >= {needed}; this environment has torch {installed}"
+    return None
+
+
+def _release(text: str) -> Tuple[int, ...]:
+    """``(2, 3)`` for ``"2.3.1+cpu"``: the major and minor numbers, enough to compare torch releases."""
+    numbers = re.findall(r"\d+", text.split("+")[0])[:2]
+    return tuple(int(n) for n in numbers)
+
+
 def _drop_unused(module: Any, names: set) -> Any:
     """``module`` without the ``from X import name`` of ``names`` the rewrites left unused (libcst's
     ``RemoveImportsVisitor`` removes one only where nothing refers to it any more)."""
@@ -220,9 +243,13 @@ def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False) ->
         return FileFix(path, "", None, left=found)
     by_code = {r.code: r for r in selected}
     wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]] = {}
-    for finding in found:
+    for index, finding in enumerate(found):
         rule = by_code.get(finding.code)
         if rule is not None and fixable(finding, unsafe) and rule.rewrite is not Rule.rewrite:
+            missing = _torch_too_old(rule.fix_needs_torch)
+            if missing is not None:  # the rewrite would not run here: said, with the manual ones
+                found[index] = dataclasses.replace(finding, fix="manual", message=f"{finding.message} ({missing})")
+                continue
             span = (finding.line, finding.column, finding.end_line, finding.end_column)
             wanted.setdefault(span, []).append((rule, finding))
     result = FileFix(path, text, None, encoding=encoding)

@@ -98,6 +98,9 @@ class Rule:
     fix_imports: ClassVar[Tuple[str, ...]] = ()
     #: Qualified names the rewrite replaces: a ``from`` import of one left unused afterwards is removed.
     fix_replaces: ClassVar[Tuple[str, ...]] = ()
+    #: The torch release the rewritten code needs (``"2.3"``); ``fix`` leaves the finding, saying so, where the torch
+    #: installed beside it is older or absent. None: any torch npu-port supports.
+    fix_needs_torch: ClassVar[Optional[str]] = None
     #: Whether :meth:`rewrite` replaces the whole statement, not the node: it is then given the small statement found
     #: (``import flash_attn``) on a line of its own — a ``SimpleStatementLine``, with the comments above it and the
     #: line's trailing one — and returns the statements to put there (a ``try``, which no line can hold).

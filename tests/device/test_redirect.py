@@ -485,3 +485,11 @@ def test_meta_device_contexts_still_see_factory_calls():
             made = [torch.arange(3), torch.tensor([1.0]), torch.zeros(2), torch.empty(1)]
     assert [t.device.type for t in made] == ["meta"] * 4
     assert torch.arange in _device_constructors() and torch.tensor in _device_constructors()
+
+
+def test_a_torch_without_torch_amp_grad_scaler_is_redirected_without_its_scaler(monkeypatch):
+    """torch < 2.3 has no ``torch.amp.grad_scaler`` (its scaler is ``torch.cuda.amp``'s, with no device): the
+    redirect installs without it (that scaler disables itself off CUDA) instead of failing to start."""
+    monkeypatch.delattr(torch.amp, "grad_scaler")
+    with redirect_cuda("cpu"):
+        assert torch.zeros(1, device="cuda").device.type == "cpu"

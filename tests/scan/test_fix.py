@@ -927,3 +927,33 @@ def test_the_fixed_cuda_training_benchmark_trains_on_the_cpu_exactly_as_the_one_
     cpu = runpy.run_path(os.path.join(redirect, "train_cpu.py"))["train"](12)
     assert fixed["device"] == "cpu" and fixed["losses"] == cpu["losses"]
     assert all(torch.equal(a, b) for a, b in zip(fixed["params"], cpu["params"]))
+
+
+@pytest.mark.parametrize(
+    "installed, why",
+    [
+        ("2.2.1+cpu", "not fixed: the fix needs torch >= 2.3; this environment has torch 2.2.1+cpu"),
+        (None, "not fixed: the fix needs torch >= 2.3, and torch is not installed here"),
+    ],
+)
+def test_a_rewrite_that_needs_a_newer_torch_than_the_one_installed_is_left_and_said(
+    tmp_path, monkeypatch, installed, why
+):
+    import importlib.metadata
+
+    real = importlib.metadata.version
+
+    def version(name):
+        if name != "torch":
+            return real(name)
+        if installed is None:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    path = tmp_path / "m.py"
+    path.write_text("import torch\n\nwith torch.backends.cuda.sdp_kernel(enable_math=False):\n    pass\n")
+    (one,) = fix([str(path)])
+    assert one.new is None
+    (left,) = one.left
+    assert (left.code, left.fix) == ("NPU314", "manual") and left.message.endswith(f"({why})")

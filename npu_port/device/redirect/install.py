@@ -110,14 +110,16 @@ def _plan(state: _Installed) -> List[Tuple[Any, str, Any]]:
             ),
         )
     )
-    scaler = torch.amp.grad_scaler.GradScaler
-    plan.append(
-        (
-            scaler,
-            "__init__",
-            wrappers.init_with_device(scaler.__init__, mapper, hit("GradScaler"), "device", cuda_by_default=True),
+    grad_scaler = getattr(torch.amp, "grad_scaler", None)  # torch >= 2.3; before, torch.cuda.amp's has no device
+    if grad_scaler is not None:
+        scaler = grad_scaler.GradScaler
+        plan.append(
+            (
+                scaler,
+                "__init__",
+                wrappers.init_with_device(scaler.__init__, mapper, hit("GradScaler"), "device", cuda_by_default=True),
+            )
         )
-    )
     plan.append((torch.backends.cuda, "sdp_kernel", wrappers.sdp_kernel(mapper, hit("torch.backends.cuda.sdp_kernel"))))
 
     for name, function in cuda_api(state.target, mapper).items():

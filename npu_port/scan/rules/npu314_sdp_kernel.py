@@ -16,7 +16,9 @@ class SdpKernel(Rule):
 
     Its flags select CUDA backends; on other devices they select nothing useful and a later torch removes the
     function. ``npu-port run`` turns it into ``torch.nn.attention.sdpa_kernel``; ``npu-port fix`` writes
-    ``sdpa_kernel([SDPBackend.FLASH_ATTENTION, ...])`` with the backends the flags enabled (the same on CUDA).
+    ``sdpa_kernel([SDPBackend.FLASH_ATTENTION, ...])`` with the backends the flags enabled (the same on CUDA) where
+    the torch beside it is 2.3 or later (``SDPBackend.CUDNN_ATTENTION``, which ``enable_cudnn`` means, came then);
+    with an older torch it leaves the call and says why.
 
     Example::
 
@@ -34,6 +36,7 @@ class SdpKernel(Rule):
     triggers = ("sdp_kernel",)
     fix_imports = ("torch.nn.attention",)
     fix_replaces = ("torch.backends.cuda.sdp_kernel",)
+    fix_needs_torch = "2.3"  # sdpa_kernel came in 2.2, SDPBackend.CUDNN_ATTENTION (sdp_kernel's enable_cudnn) in 2.3
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, qualified in source.calls():
