@@ -226,10 +226,17 @@ def _drop_unused(module: Any, names: set) -> Any:
 
 
 def _import_froms(module: Any) -> List[Any]:
+    """The module's own top-level ``from`` imports: one inside ``try`` / ``if`` has a fallback beside it (``except
+    ImportError: class GradScaler: ...``), and removing it would leave ``try: pass``."""
     import libcst as cst
-    import libcst.matchers as m
 
-    return [n for n in m.findall(module, m.ImportFrom()) if isinstance(n, cst.ImportFrom)]
+    return [
+        small
+        for statement in module.body
+        if isinstance(statement, cst.SimpleStatementLine)
+        for small in statement.body
+        if isinstance(small, cst.ImportFrom)
+    ]
 
 
 def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False) -> FileFix:

@@ -957,3 +957,15 @@ def test_a_rewrite_that_needs_a_newer_torch_than_the_one_installed_is_left_and_s
     assert one.new is None
     (left,) = one.left
     assert (left.code, left.fix) == ("NPU314", "manual") and left.message.endswith(f"({why})")
+
+
+def test_an_import_with_a_fallback_beside_it_stays_when_the_rewrite_leaves_it_unused(tmp_path):
+    path = tmp_path / "m.py"
+    source = (
+        "import torch\n"
+        "try:\n    from torch.cuda import synchronize\nexcept ImportError:\n    def synchronize():\n        pass\n"
+        "\n\ndef f():\n    synchronize()\n"
+    )
+    path.write_text(source)
+    (one,) = fix([str(path)])
+    assert one.new is not None and "try:\n    from torch.cuda import synchronize\nexcept ImportError:" in one.new
