@@ -7,7 +7,8 @@
   ``external``, ``site-packages``, ...) are scanned but reported apart: their findings are not the project's to fix.
   So are a checkout's submodules (and checkouts nested in it), which git lists as one folder each.
 - Reading: the encoding a Python file declares (PEP 263) or UTF-8, a byte-order mark dropped; a file that cannot be
-  decoded or parsed is a finding (NPU001), never a crash.
+  decoded or parsed is a finding (NPU001), never a crash; so is a path given by name that is not a regular file (a
+  FIFO, a device: reading it would block or never end).
 - Rules: a file is parsed (Python's own parser), its names resolved and rules run only when it contains one of some
   selected rule's ``triggers``: most files of a big tree mention nothing a rule looks for and are only read. A file
   that is parsed and does not parse is reported (NPU001).
@@ -23,6 +24,7 @@ import functools
 import io
 import os
 import re
+import stat
 import tokenize
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -262,6 +264,8 @@ def scan_file(path: str, vendored: bool, selected: Sequence[Type[Rule]]) -> File
     name = os.path.basename(path)
     python = name.endswith(".py")
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device named on the command line: reading blocks
+            raise OSError(f"{path} is not a regular file")
         data = Path(path).read_bytes()
         text = _decode(data, python)
     except (OSError, UnicodeDecodeError, SyntaxError, LookupError) as exc:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -265,6 +266,20 @@ def test_a_file_given_twice_or_inside_a_given_folder_is_scanned_once_and_fifos_a
     os.mkfifo(tmp_path / "pipe.py")
     result = scan([str(tmp_path), str(tmp_path / "a.py"), str(tmp_path / "." / "a.py")])
     assert len(result.files) == 1 and len(result.findings) == 1
+
+
+def test_a_fifo_or_a_device_given_by_name_is_a_finding_not_a_hang(tmp_path):
+    os.mkfifo(tmp_path / "pipe.py")  # reading a FIFO nobody writes to blocks forever
+    done = []
+    worker = threading.Thread(target=lambda: done.append(scan([str(tmp_path / "pipe.py"), "/dev/null"])), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert done, "the scan blocked reading a FIFO"
+    pipe = tmp_path / "pipe.py"
+    assert [(f.code, f.path, f.message) for f in done[0].findings] == [
+        ("NPU001", str(pipe), f"cannot be read ({pipe} is not a regular file); not scanned"),
+        ("NPU001", "/dev/null", "cannot be read (/dev/null is not a regular file); not scanned"),
+    ]
 
 
 def test_the_report_goes_through_a_symlink_and_a_folder_is_a_clear_error(tmp_path, capsys):
