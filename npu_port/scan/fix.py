@@ -51,16 +51,22 @@ class FileFix:
     encoding: str = "utf-8"
 
     def diff(self) -> str:
+        """The change as a unified diff that ``git apply`` and ``patch -p1`` take: lines split at ``\\n`` only (a
+        form feed or a lone ``\\r`` is content, as git sees it; ``str.splitlines`` splits there and the context
+        would not match the file), and a last line without a newline marked ``\\ No newline at end of file``."""
         if self.new is None:
             return ""
-        return "".join(
-            difflib.unified_diff(
-                self.old.splitlines(keepends=True),
-                self.new.splitlines(keepends=True),
-                fromfile=f"a/{_shown(self.path)}",
-                tofile=f"b/{_shown(self.path)}",
-            )
+        lines = difflib.unified_diff(
+            _LINES.findall(self.old),
+            _LINES.findall(self.new),
+            fromfile=f"a/{_shown(self.path)}",
+            tofile=f"b/{_shown(self.path)}",
         )
+        return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+
+
+#: A line as ``diff`` and ``patch`` count them: up to and with its ``\n``, or the last one without.
+_LINES = re.compile(r"[^\n]*\n|[^\n]+$")
 
 
 def _shown(path: str) -> str:

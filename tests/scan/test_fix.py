@@ -969,3 +969,40 @@ def test_an_import_with_a_fallback_beside_it_stays_when_the_rewrite_leaves_it_un
     path.write_text(source)
     (one,) = fix([str(path)])
     assert one.new is not None and "try:\n    from torch.cuda import synchronize\nexcept ImportError:" in one.new
+
+
+def test_the_diff_marks_a_last_line_without_newline_and_splits_lines_only_at_newlines(tmp_path):
+    path = tmp_path / "a.py"
+    path.write_text("import torch\n\x0c\ndef f(x):\n    return x.cuda()", encoding="utf-8")  # no newline at the end
+    (one,) = fix([str(path)])
+    assert one.diff().split("\n", 2)[2] == (
+        "@@ -1,4 +1,5 @@\n"
+        " import torch\n"
+        "+import npu_port\n"
+        " \x0c\n"  # one line, as git and patch count it (str.splitlines makes two of it)
+        " def f(x):\n"
+        "-    return x.cuda()\n"
+        "\\ No newline at end of file\n"
+        "+    return x.to(npu_port.get_device().type)\n"
+        "\\ No newline at end of file\n"
+    )
+
+
+@pytest.mark.e2e
+def test_the_diff_applies_with_git_apply_to_crlf_form_feed_and_unterminated_files(tmp_path, monkeypatch):
+    files = {
+        "crlf.py": b"import torch\r\ndef f(x):\r\n    return x.cuda()\r\n",
+        "ff.py": b"import torch\n\x0c\ndef f(x):\n    return x.cuda()\n",
+        "end.py": b"import torch\ndef f(x):\n    return x.cuda()",
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    monkeypatch.chdir(tmp_path)  # the diff names files relative to the working folder, as git does
+    fixes = fix(["."])
+    (tmp_path / "fix.patch").write_bytes("".join(one.diff() for one in fixes).encode("utf-8"))
+    subprocess.run(["git", "init", "-q", "."], check=True)
+    done = subprocess.run(["git", "apply", "fix.patch"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert {name: (tmp_path / name).read_bytes() for name in files} == {
+        os.path.basename(one.path): one.new.encode("utf-8") for one in fixes
+    }
