@@ -95,7 +95,7 @@ def _rewrite(text: str, wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]]) ->
 
     wrapper = MetadataWrapper(cst.parse_module(text))
     positions = wrapper.resolve(PositionProvider)
-    done: List[Finding] = []
+    done: Dict[Finding, None] = {}  # in the order made; looked up once per node with a finding (a list made it n^2)
     imports: List[str] = []
     statements: Dict[cst.BaseSmallStatement, List[Tuple[Type[Rule], Finding]]] = {}  # statement rewrites to make
     made: Dict[cst.BaseStatement, Type[Rule]] = {}  # the statements they wrote, by rule
@@ -105,7 +105,7 @@ def _rewrite(text: str, wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]]) ->
     def apply(rule: Type[Rule], finding: Finding, node: Any) -> Any:
         replaced = rule().rewrite(node, finding)
         if replaced is not None:
-            done.append(finding)
+            done[finding] = None
             imports.extend(rule.fix_imports)
             replaced_names.extend(rule.fix_replaces)
         return replaced
@@ -183,7 +183,7 @@ def _rewrite(text: str, wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]]) ->
         module = AddImportsVisitor(context).transform_module(module)
     if replaced_names:
         module = _drop_unused(module, set(replaced_names))
-    return module.code, done
+    return module.code, list(done)
 
 
 def _torch_too_old(needed: Optional[str]) -> Optional[str]:
@@ -287,9 +287,10 @@ def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False) ->
         return result
     result.new = new if new != text else None
     result.fixed = done
+    made = set(done)
     attempted = {f for pairs in wanted.values() for _, f in pairs}
     result.left = [  # a fix the rewrite could not make is said, with the manual ones
-        dataclasses.replace(f, fix="manual") if f in attempted else f for f in found if f not in done
+        dataclasses.replace(f, fix="manual") if f in attempted else f for f in found if f not in made
     ]
     return result
 
