@@ -1025,3 +1025,19 @@ def test_fixing_many_findings_in_one_file_compares_findings_a_linear_number_of_t
     (one,) = fix([str(path)])
     assert len(one.fixed) == count and one.left == []
     assert len(compared) <= 4 * count
+
+
+def test_an_aliased_torch_cuda_call_gets_the_helper_of_what_it_resolves_to(tmp_path):
+    path = tmp_path / "a.py"
+    path.write_text(
+        "from torch.cuda import empty_cache as synchronize\n"
+        "from torch.cuda import synchronize as sync_now\n"
+        "def f():\n"
+        "    synchronize()\n"
+        "    sync_now()\n"
+    )
+    (one,) = fix([str(path)])
+    assert (
+        one.new == "import npu_port\n\ndef f():\n    npu_port.device.empty_cache()\n    npu_port.device.synchronize()\n"
+    )
+    assert one.left == []

@@ -47,19 +47,12 @@ class CudaSyncMemory(Rule):
 
     def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
         """``torch.cuda.synchronize(...)`` -> ``npu_port.device.synchronize(...)`` (the same arguments: a device,
-        an index, or none — the current device, as torch.cuda's)."""
+        an index, or none — the current device, as torch.cuda's). The helper is the one the finding names, which the
+        scan chose from the resolved name: the call's own spelling may be an alias (``from torch.cuda import
+        synchronize as sync``; ``from torch.cuda import empty_cache as synchronize`` is no synchronize)."""
         import libcst as cst
 
-        if not isinstance(node, cst.Call):
-            return None
-        func = node.func
-        if isinstance(func, cst.Attribute):
-            name = func.attr.value
-        elif isinstance(func, cst.Name):
-            name = func.value
-        else:
-            return None
-        helper = HELPERS.get(name)
-        if helper is None:
+        helper = next((h for h in HELPERS.values() if f"`{h}()`" in finding.message), None)
+        if helper is None or not (isinstance(node, cst.Call) and isinstance(node.func, (cst.Name, cst.Attribute))):
             return None
         return node.with_changes(func=cst.parse_expression(helper))
