@@ -49,9 +49,13 @@ def run(args: argparse.Namespace) -> int:
     for one in fixes:
         if one.problem:
             lines.append(f"{one.path}: {one.problem}")
-    left = [finding for one in fixes for finding in one.left if finding.fix == "manual"]
-    manual = [f for f in left if f.severity in ("import", "runtime", "perf")]
-    handled = [f for f in left if f.severity == "handled"]
+    left = [finding for one in fixes for finding in one.left]
+    manual = [f for f in left if f.fix == "manual" and f.severity in ("import", "runtime", "perf")]
+    handled = [f for f in left if f.fix == "manual" and f.severity == "handled"]
+    unsafe = [f for f in left if f.fix == "unsafe" and f.severity != "info"]
+    if unsafe:  # a rewrite exists, and may change behaviour: only when asked
+        lines.append(f"{len(unsafe)} have a fix that may change behaviour (--unsafe-fixes applies it):")
+        lines += [f"  {m.path}:{m.line}:{m.column} {m.code} {m.message}" for m in unsafe]
     if manual:
         lines.append(f"{len(manual)} need a manual change:")
         lines += [f"  {m.path}:{m.line}:{m.column} {m.code} {m.message}" for m in manual]

@@ -265,34 +265,43 @@ def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False) ->
                 continue
             span = (finding.line, finding.column, finding.end_line, finding.end_column)
             wanted.setdefault(span, []).append((rule, finding))
+    attempted = {f for pairs in wanted.values() for _, f in pairs}
     result = FileFix(path, text, None, encoding=encoding)
+    result.left = _left(found, by_code, attempted)
     if not wanted:
-        result.left = found
         return result
     try:
         new, done = _rewrite(text, wanted)
         ast.parse(new, filename=path)
         new.encode(encoding)
     except SyntaxError as exc:  # a rule's rewrite is wrong: never write it, say so, go on with the other files
-        result.left = found
         result.problem = f"not fixed: the fixes would not parse ({exc.msg}, line {exc.lineno})"
         return result
     except UnicodeEncodeError:
-        result.left = found
         result.problem = f"not fixed: the fixes cannot be written in the file's encoding ({encoding})"
         return result
     except RecursionError:  # libcst recurses; code nested past its limit is left as it is
-        result.left = found
         result.problem = "not fixed: nested too deeply for the rewriter"
         return result
     result.new = new if new != text else None
     result.fixed = done
     made = set(done)
-    attempted = {f for pairs in wanted.values() for _, f in pairs}
-    result.left = [  # a fix the rewrite could not make is said, with the manual ones
-        dataclasses.replace(f, fix="manual") if f in attempted else f for f in found if f not in made
-    ]
+    result.left = _left([f for f in found if f not in made], by_code, attempted)
     return result
+
+
+def _left(found: Sequence[Finding], by_code: Dict[str, Type[Rule]], attempted: set) -> List[Finding]:
+    """``found`` as what is left to do once the rewrites ran: a fix that was tried and not made, or that no rule can
+    make here (the rule declares a fix kind but has no rewrite, or reads a file that is not Python), is a manual
+    change; an unsafe fix not asked for stays ``unsafe`` (``--unsafe-fixes`` would make it)."""
+    left = []
+    for finding in found:
+        rule = by_code.get(finding.code)
+        automatic = rule is not None and rule.rewrite is not Rule.rewrite and finding.path.endswith(".py")
+        if finding.fix != "manual" and (finding in attempted or not automatic):
+            finding = dataclasses.replace(finding, fix="manual")
+        left.append(finding)
+    return left
 
 
 def fix(
@@ -307,8 +316,12 @@ def fix(
     chosen = select_rules(select, ignore)
     result = scan(paths, select=[r.code for r in chosen], jobs=1)
     fixes: List[FileFix] = []
+    by_code = {r.code: r for r in chosen}
     for path in sorted({f.path for f in result.findings}):
-        if not path.endswith(".py"):
+        if not path.endswith(".py"):  # requirements, configs: what the text rules found is said, never rewritten
+            fixes.append(
+                FileFix(path, "", None, left=_left([f for f in result.findings if f.path == path], by_code, set()))
+            )
             continue
         one = fix_file(path, chosen, unsafe)
         fixes.append(one)

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from npu_port.cli.main import main
 from npu_port.scan.engine import scan
-from npu_port.scan.fix import fix
-from npu_port.scan.rule import Finding
+from npu_port.scan.fix import _left, fix
+from npu_port.scan.rule import Finding, Rule
 
 SOURCE = """import torch
 import os  # a comment that stays
@@ -1041,3 +1041,40 @@ def test_an_aliased_torch_cuda_call_gets_the_helper_of_what_it_resolves_to(tmp_p
         one.new == "import npu_port\n\ndef f():\n    npu_port.device.empty_cache()\n    npu_port.device.synchronize()\n"
     )
     assert one.left == []
+
+
+def test_fix_lists_what_no_rewrite_makes_unsafe_kinds_and_requirements_included(tmp_path, capsys):
+    """NPU130 and NPU303 declare an unsafe fix kind and have no rewrite, and requirements files are never rewritten:
+    fix said nothing of them ("would fix 0 findings in 0 files", a runtime finding unmentioned)."""
+    (tmp_path / "m.py").write_text(
+        "import torch\nfrom transformers import AutoModel\n"
+        'm = AutoModel.from_pretrained("x", attn_implementation="flash_attention_2")\n'
+        "def f():\n    torch.cuda.manual_seed(0)\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "requirements.txt").write_text("apex==0.1\nflash-attn==2.5.8\n", encoding="utf-8")
+    for extra in ([], ["--unsafe-fixes"]):
+        assert main(["fix", str(tmp_path), *extra]) == 0
+        err = [line.split()[:2] if line.startswith("  ") else line for line in capsys.readouterr().err.splitlines()]
+        assert err == [
+            "npu-port fix: would fix 0 findings in 0 files",
+            "2 need a manual change:",
+            [f"{tmp_path}/m.py:3:56", "NPU130"],
+            [f"{tmp_path}/requirements.txt:1:1", "NPU602"],
+            "2 with no automatic fix are handled by npu-port as they are:",
+            [f"{tmp_path}/m.py:5:5", "NPU303"],
+            [f"{tmp_path}/requirements.txt:2:1", "NPU601"],
+        ]
+
+
+def test_an_unsafe_fix_not_asked_for_stays_unsafe_and_one_no_rule_can_make_is_manual(tmp_path):
+    class Unsafe(Rule):
+        code = "NPU130"
+
+        def rewrite(self, node, finding):
+            return node
+
+    finding = Finding("NPU130", str(tmp_path / "m.py"), 1, 1, 1, 2, "m", "runtime", "unsafe")
+    assert _left([finding], {"NPU130": Unsafe}, set()) == [finding]
+    assert _left([finding], {"NPU130": Rule}, set())[0].fix == "manual"  # no rewrite: manual
+    assert _left([finding], {"NPU130": Unsafe}, {finding})[0].fix == "manual"  # tried and not made: manual
