@@ -5,7 +5,8 @@
   lists (committed files always count: git ignores only untracked ones), elsewhere ``.gitignore`` files read with
   pathspec (git's own pattern rules). Folders that hold someone else's code (``third_party``, ``vendor``,
   ``external``, ``site-packages``, ...) are scanned but reported apart: their findings are not the project's to fix.
-  So are a checkout's submodules (and checkouts nested in it), which git lists as one folder each.
+  So are a checkout's submodules (and checkouts nested in it), which git lists as one folder each, and a link to a
+  file in a vendored folder (``fix`` would rewrite the vendored file through it).
 - Reading: the encoding a Python file declares (PEP 263) or UTF-8, a byte-order mark dropped; a file that cannot be
   decoded or parsed is a finding (NPU001), never a crash; so is a path given by name that is not a regular file (a
   FIFO, a device: reading it would block or never end).
@@ -160,6 +161,7 @@ def discover(paths: Sequence[str], patterns: Sequence[str] = ()) -> List[Tuple[s
         if not root.is_dir():
             found.append((str(root), False))
             continue
+        start = len(found)
         tracked = _git_files(root)
         if tracked:  # a git checkout: what git has (committed files count even where .gitignore matches)
             for path in tracked:
@@ -170,23 +172,9 @@ def discover(paths: Sequence[str], patterns: Sequence[str] = ()) -> List[Tuple[s
                     found.extend((inner, True) for inner, _ in discover([path], patterns))
                 elif _wanted(os.path.basename(path), patterns):
                     found.append((path, bool(parts & set(VENDORED))))
-            continue
-        specs: List[Tuple[Path, object]] = []
-        for folder, folders, files in os.walk(root):
-            here = Path(folder)
-            spec = _gitignore(here)
-            if spec is not None:
-                specs.append((here, spec))
-
-            folders[:] = sorted(
-                d for d in folders if d not in SKIPPED and not d.startswith(".") and not _ignored(specs, here / d, True)
-            )
-            parts = set(here.relative_to(root).parts)
-            vendored = bool(parts & set(VENDORED))
-            for name in sorted(files):
-                path = here / name
-                if _wanted(name, patterns) and path.is_file() and not _ignored(specs, path, False):
-                    found.append((str(path), vendored))
+        else:
+            found.extend(_walk(root, patterns))
+        found[start:] = [(path, vendored or _links_into_vendored(path, root)) for path, vendored in found[start:]]
     seen = set()
     unique = []
     for path, vendored in found:  # a path given twice, or a file inside a folder also given: once
@@ -195,6 +183,40 @@ def discover(paths: Sequence[str], patterns: Sequence[str] = ()) -> List[Tuple[s
             seen.add(key)
             unique.append((path, vendored))
     return unique
+
+
+def _walk(root: Path, patterns: Sequence[str]) -> List[Tuple[str, bool]]:
+    """``(path, vendored)`` under ``root`` outside a git checkout: ``.gitignore`` files read as git reads them."""
+    found: List[Tuple[str, bool]] = []
+    specs: List[Tuple[Path, object]] = []
+    for folder, folders, files in os.walk(root):
+        here = Path(folder)
+        spec = _gitignore(here)
+        if spec is not None:
+            specs.append((here, spec))
+
+        folders[:] = sorted(
+            d for d in folders if d not in SKIPPED and not d.startswith(".") and not _ignored(specs, here / d, True)
+        )
+        parts = set(here.relative_to(root).parts)
+        vendored = bool(parts & set(VENDORED))
+        for name in sorted(files):
+            path = here / name
+            if _wanted(name, patterns) and path.is_file() and not _ignored(specs, path, False):
+                found.append((str(path), vendored))
+    return found
+
+
+def _links_into_vendored(path: str, root: Path) -> bool:
+    """Whether ``path`` is a link to a file in a vendored folder of ``root``: someone else's code wherever it is
+    reached from (``fix --write`` rewrote it through the link). Only files can be links here: neither git nor the
+    walk enters a linked folder."""
+    if not os.path.islink(path):
+        return False
+    real, real_root = os.path.realpath(path), os.path.realpath(root)
+    if not real.startswith(real_root + os.sep):
+        return False
+    return bool(set(Path(os.path.relpath(real, real_root)).parts[:-1]) & set(VENDORED))
 
 
 # ---- one file ------------------------------------------------------------------------------------------------------

@@ -1078,3 +1078,14 @@ def test_an_unsafe_fix_not_asked_for_stays_unsafe_and_one_no_rule_can_make_is_ma
     assert _left([finding], {"NPU130": Unsafe}, set()) == [finding]
     assert _left([finding], {"NPU130": Rule}, set())[0].fix == "manual"  # no rewrite: manual
     assert _left([finding], {"NPU130": Unsafe}, {finding})[0].fix == "manual"  # tried and not made: manual
+
+
+def test_a_link_to_a_vendored_file_is_vendored_and_fix_leaves_the_vendored_file_alone(tmp_path):
+    vendored = tmp_path / "third_party" / "attn.py"
+    vendored.parent.mkdir()
+    vendored.write_text("import torch\ndef f(x):\n    return x.cuda()\n")
+    (tmp_path / "attn.py").symlink_to(vendored)  # found first, by the link: it used to count as the project's
+    result = scan([str(tmp_path)])
+    assert result.findings == [] and [f.path for f in result.vendored_findings] == [str(tmp_path / "attn.py")]
+    assert fix([str(tmp_path)], write=True) == []
+    assert vendored.read_text() == "import torch\ndef f(x):\n    return x.cuda()\n"
