@@ -107,7 +107,7 @@ def _gitignore(folder: Path):
     import pathspec
 
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = path.read_text(encoding="utf-8-sig", errors="replace").splitlines()  # git skips a BOM too
     except OSError:
         return None
     return pathspec.GitIgnoreSpec.from_lines(lines)
@@ -118,14 +118,17 @@ def _wanted(name: str, patterns: Sequence[str]) -> bool:
 
 
 def _ignored(specs: List[Tuple[Path, object]], path: Path, is_folder: bool) -> bool:
-    """Whether a .gitignore above ``path`` (inside the scanned root) ignores it."""
-    for base, spec in specs:
+    """Whether the .gitignore files above ``path`` (inside the scanned root) ignore it, as git decides: the deepest
+    one with a pattern matching ``path`` says (``!keep.py`` in ``sub/.gitignore`` keeps what ``*.py`` above ignores),
+    within it the last matching pattern. ``specs`` are in walk order, so a folder's comes after its parents'."""
+    for base, spec in reversed(specs):
         try:
             relative = path.relative_to(base).as_posix()
         except ValueError:
             continue
-        if spec.match_file(relative + ("/" if is_folder else "")):  # type: ignore[attr-defined]
-            return True
+        verdict = spec.check_file(relative + ("/" if is_folder else "")).include  # type: ignore[attr-defined]
+        if verdict is not None:
+            return verdict
     return False
 
 

@@ -57,6 +57,26 @@ def test_gitignore_hidden_and_build_folders_are_skipped_and_vendored_code_is_rep
     assert "1 more in vendored code" in "\n".join(report.summary_lines(result)).replace("    ", " ").replace("  ", " ")
 
 
+def test_a_deeper_gitignore_overrides_the_ones_above_as_git_decides(tmp_path):
+    _tree(
+        tmp_path,
+        {
+            ".gitignore": "*.py\n!top.py\nlogs/\n/gen_*.py\n",
+            "sub/deep/.gitignore": "!keep_me.py\n",  # re-includes what *.py above ignores (git keeps it)
+            "sub/.gitignore": "\ufeff!bom.py\n",  # a byte-order mark, which git skips
+            "top.py": CUDA_LINE,
+            "gen_1.py": CUDA_LINE,
+            "sub/gen_2.py": CUDA_LINE,
+            "sub/bom.py": CUDA_LINE,
+            "sub/deep/w.py": CUDA_LINE,
+            "sub/deep/keep_me.py": CUDA_LINE,
+            "logs/z.py": CUDA_LINE,
+        },
+    )
+    found = sorted(os.path.relpath(f.path, tmp_path) for f in scan([str(tmp_path)]).findings)
+    assert found == [os.path.join("sub", "bom.py"), os.path.join("sub", "deep", "keep_me.py"), "top.py"]
+
+
 def test_encodings_a_bom_and_a_declared_latin1_file_are_read(tmp_path):
     _tree(
         tmp_path,
