@@ -3,13 +3,15 @@
 A call is ``torch.cuda.synchronize`` because of what the names mean *in that file*: ``import torch.cuda.amp as amp``
 makes ``amp.autocast`` ``torch.cuda.amp.autocast``; ``from torch.cuda.amp import autocast`` and ``autocast =
 torch.cuda.amp.autocast`` make plain ``autocast`` the same; a project's own ``def flash_attn_func`` (or a parameter,
-or a local assignment) makes ``flash_attn_func`` nothing of the library's. Text matching gets all of these wrong.
+a local assignment, a loop, ``with``, ``except`` or ``match`` target, a walrus) makes ``flash_attn_func`` nothing of
+the library's. Text matching gets all of these wrong.
 
 The tree is Python's own :mod:`ast` and the resolver is ours (imports, ``from`` imports, aliases, assignments of
-resolved names, function and class scopes): one core reads about 540 files a second that way (npu-port's own 153
-files: 1.8 ms each), where libcst's parser with its scope and qualified-name providers reads about 9 (109 ms each) —
-and scanning a 5,000-file tree must take seconds. Rewriting (``npu-port fix``, to come) is libcst's job: it keeps
-comments and formatting, and will parse only the files that need a change.
+resolved names, the other bindings above, function, lambda and class scopes — a class body's names unseen from its
+methods): one core reads about 540 files a second that way (npu-port's own 153 files: 1.8 ms each), where libcst's
+parser with its scope and qualified-name providers reads about 9 (109 ms each) — and scanning a 5,000-file tree must
+take seconds. Rewriting (``npu-port fix``, :mod:`.fix`) is libcst's job: it keeps comments and formatting, and parses
+only the files that have something to fix.
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ _STAR_CONVENTIONS = frozenset(("torch",))
 
 #: Statements that bind a name where they stand, in the scope they are in.
 _BINDERS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
+#: What else binds a name to a value of the file's own: a loop or ``with`` target, ``except ... as``, a walrus, a
+#: lambda's parameters, a ``match`` capture. (A comprehension's target is its own scope's, which the file's scopes do
+#: not model: it is left unbound rather than taken from the scope around it.)
+_TARGET_BINDERS = (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith, ast.ExceptHandler, ast.NamedExpr, ast.Lambda)
+_TARGET_BINDERS += (ast.MatchAs, ast.MatchStar, ast.MatchMapping)
 
 
 @dataclass
@@ -185,10 +192,19 @@ class PythonFile:
         there: that is what the code does on the machine it was written for."""
         for node in self._by_type.get(ast.Module, ()):
             self._bindings.setdefault(node, {})
-        events: List[ast.AST] = [n for kind in _BINDERS for n in self._by_type.get(kind, ())]
-        events.sort(key=lambda n: (n.lineno, n.col_offset))
+        events: List[ast.AST] = [n for kind in _BINDERS + _TARGET_BINDERS for n in self._by_type.get(kind, ())]
+        events.sort(key=lambda n: (n.lineno, n.col_offset))  # type: ignore[attr-defined]
         for node in events:
             table = self._bindings.setdefault(self.scope_of(node), {})
+            if isinstance(node, ast.Lambda):
+                self._bind_parameters(node)
+                continue
+            if isinstance(node, _TARGET_BINDERS):
+                stand_in = self._in_alternative_branch(node)
+                for bound in _bound_names(node):
+                    if not (stand_in and table.get(bound, LOCAL) != LOCAL):
+                        table[bound] = LOCAL
+                continue
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:
@@ -208,23 +224,30 @@ class PythonFile:
                 if not (stand_in and table.get(node.name, LOCAL) != LOCAL):
                     table[node.name] = LOCAL
                 if not isinstance(node, ast.ClassDef):
-                    arguments = node.args
-                    own = self._bindings.setdefault(node, {})
-                    for argument in arguments.posonlyargs + arguments.args + arguments.kwonlyargs:
-                        own[argument.arg] = LOCAL
-                    for extra in (arguments.vararg, arguments.kwarg):
-                        if extra is not None:
-                            own[extra.arg] = LOCAL
+                    self._bind_parameters(node)
             elif node.value is not None:  # an assignment
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 value = self.resolve(node.value) if isinstance(node.value, (ast.Name, ast.Attribute)) else None
                 placeholder = stand_in or (isinstance(node.value, ast.Constant) and node.value.value is None)
                 for target in targets:
-                    if not isinstance(target, ast.Name):
+                    if not isinstance(target, ast.Name):  # `a, torch = ...`: each name is the file's own
+                        for bound in _names_in(target):
+                            if not (stand_in and table.get(bound, LOCAL) != LOCAL):
+                                table[bound] = LOCAL
                         continue
                     if placeholder and table.get(target.id, LOCAL) != LOCAL:
                         continue  # a stand-in for a library name: the library's meaning stays
                     table[target.id] = value or LOCAL
+
+    def _bind_parameters(self, function: Any) -> None:
+        """A function's or lambda's parameters: names of its own scope, whatever the caller passes."""
+        arguments = function.args
+        own = self._bindings.setdefault(function, {})
+        for argument in arguments.posonlyargs + arguments.args + arguments.kwonlyargs:
+            own[argument.arg] = LOCAL
+        for extra in (arguments.vararg, arguments.kwarg):
+            if extra is not None:
+                own[extra.arg] = LOCAL
 
     def _in_alternative_branch(self, node: ast.AST) -> bool:
         """Whether ``node`` stands in the ``except`` of a ``try`` or the ``else`` of an ``if`` (in the same scope):
@@ -239,10 +262,13 @@ class PythonFile:
         return False
 
     def binding(self, name: str, at: ast.AST) -> Optional[str]:
-        """What ``name`` means at ``at``: a qualified name, :data:`LOCAL`, or None (a builtin or undefined)."""
+        """What ``name`` means at ``at``: a qualified name, :data:`LOCAL`, or None (a builtin or undefined). A class
+        body's names are seen in the body only, not in its methods (``class A: torch = 3`` leaves a method's
+        ``torch`` the module's), as Python looks names up."""
         scope: Optional[ast.AST] = self.scope_of(at)
+        start = scope
         while scope is not None:
-            table = self._bindings.get(scope, {})
+            table = self._bindings.get(scope, {}) if scope is start or not isinstance(scope, ast.ClassDef) else {}
             if name in table:
                 return table[name]
             scope = self.scope_of(scope) if scope is not self.tree else None
@@ -352,6 +378,30 @@ class PythonFile:
             rule.handled_by if (severity or rule.severity) == "handled" else None,
             snippet,
         )
+
+
+def _names_in(target: ast.AST) -> List[str]:
+    """The names an assignment target binds: ``x``, each of ``a, (b, *c)``; none for ``obj.attr`` or ``d[k]``."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [name for element in target.elts for name in _names_in(element)]
+    if isinstance(target, ast.Starred):
+        return _names_in(target.value)
+    return []
+
+
+def _bound_names(node: ast.AST) -> List[str]:
+    """The names one of :data:`_TARGET_BINDERS` (not a lambda) binds."""
+    if isinstance(node, (ast.For, ast.AsyncFor, ast.NamedExpr)):
+        return _names_in(node.target)
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        return [name for item in node.items if item.optional_vars for name in _names_in(item.optional_vars)]
+    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
+        return [node.name] if node.name else []
+    if isinstance(node, ast.MatchMapping):
+        return [node.rest] if node.rest else []
+    return []
 
 
 def _characters(lines: List[str], line: int, column: int) -> int:

@@ -75,6 +75,63 @@ def _calls(text: str):
         ),
         ("from . import flash_attn_func\nflash_attn_func()", "flash_attn_func", None),
         ("print(1)", "print", None),
+        # a class body's names are not seen from its methods
+        (
+            "import torch\nclass A:\n    torch = 3\n    def m(self):\n        torch.cuda.synchronize()",
+            "torch.cuda.synchronize",
+            "torch.cuda.synchronize",
+        ),
+        ("import torch\nclass A:\n    torch = 3\n    torch.cuda.synchronize()", "torch.cuda.synchronize", None),
+        # every other way a scope binds a name makes it the file's own
+        ("import torch\nf = lambda torch: torch.cuda.synchronize()", "torch.cuda.synchronize", None),
+        (
+            "import torch\ndef f(xs):\n    for torch in xs:\n        torch.cuda.synchronize()",
+            "torch.cuda.synchronize",
+            None,
+        ),
+        (
+            "import torch\ndef f(xs):\n    for i, (a, *torch) in xs:\n        torch.cuda.synchronize()",
+            "torch.cuda.synchronize",
+            None,
+        ),
+        (
+            "import torch\ndef f():\n    with g() as (a, torch):\n        torch.cuda.synchronize()",
+            "torch.cuda.synchronize",
+            None,
+        ),
+        (
+            "import torch\ndef f():\n    try:\n        pass\n    except E as torch:\n        torch.cuda.synchronize()",
+            "torch.cuda.synchronize",
+            None,
+        ),
+        (
+            "import torch\ndef f(x):\n    if (torch := x):\n        torch.cuda.synchronize()",
+            "torch.cuda.synchronize",
+            None,
+        ),
+        ("import torch\ndef f(x):\n    a, torch = x\n    torch.cuda.synchronize()", "torch.cuda.synchronize", None),
+        (
+            "import torch\ndef f(x):\n    match x:\n        case [torch, *rest]:\n            torch.cuda.synchronize()",
+            "torch.cuda.synchronize",
+            None,
+        ),
+        (
+            "import torch\ndef f(x):\n    match x:\n        case {**torch}:\n            torch.cuda.synchronize()",
+            "torch.cuda.synchronize",
+            None,
+        ),
+        # a comprehension's target is its own: the module's torch stays torch around it
+        (
+            "import torch\nnames = [torch for torch in range(3)]\ntorch.cuda.synchronize()",
+            "torch.cuda.synchronize",
+            "torch.cuda.synchronize",
+        ),
+        # a loop in the except of a try is a stand-in there, as an assignment is
+        (
+            "try:\n    import flash_attn\nexcept ImportError:\n    for flash_attn in ():\n        pass\nflash_attn.f()",
+            "flash_attn.f",
+            "flash_attn.f",
+        ),
     ],
 )
 def test_names_resolve_through_imports_and_aliases(text, call, expected):
