@@ -12,8 +12,9 @@ Severities, most serious first:
 - ``info``: worth knowing, changes nothing by itself.
 
 Fix kinds: ``safe`` (a rewrite that keeps the behaviour on CUDA and is portable elsewhere), ``unsafe`` (a rewrite
-that may change behaviour), ``manual`` (the finding says what to do). ``npu-port fix`` (to come) applies the first
-kind, and the second only when asked.
+that may change behaviour), ``manual`` (the finding says what to do). ``npu-port fix`` applies the first kind, and
+the second only when asked (``--unsafe-fixes``); a rule declaring either has a :meth:`Rule.rewrite`, or its findings
+are listed with the manual ones.
 """
 
 from __future__ import annotations
