@@ -19,8 +19,8 @@ class FlashAttention2Implementation(Rule):
     ``use_flash_attention_2=True``.
 
     transformers checks for a CUDA flash-attn when the model is built and raises ImportError / ValueError where there
-    is none (NPU, CPU, a GPU without the wheel). ``"sdpa"`` works everywhere; the fix (unsafe: on CUDA it changes the
-    kernel) writes that.
+    is none (NPU, CPU, a GPU without the wheel). ``"sdpa"`` works everywhere; that change is an unsafe fix (on CUDA it
+    changes the kernel), which ``npu-port fix`` does not make yet: it lists the finding as a manual change.
 
     Example::
 

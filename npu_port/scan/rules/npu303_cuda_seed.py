@@ -16,10 +16,10 @@ class CudaSeed(Rule):
     """``torch.cuda.manual_seed(s)`` (and ``manual_seed_all``, ``seed``, ``seed_all``) seed CUDA's generators only.
 
     Without CUDA the seed is queued for a CUDA that never starts: nothing fails, but the NPU's generator is never
-    seeded, so runs are not reproducible. ``npu-port run`` seeds the target's generator instead. The rewrite,
+    seeded, so runs are not reproducible. ``npu-port run`` seeds the target's generator instead. The change,
     ``npu_port.device.manual_seed(s)`` (``torch.manual_seed``: every device's generator), also reseeds the CPU
-    generator, which changes the random stream on CUDA too — an unsafe fix; usually a ``torch.manual_seed`` call
-    beside it already does the job and this line can go.
+    generator, which changes the random stream on CUDA too — an unsafe fix, which ``npu-port fix`` does not make yet
+    (it lists the finding); usually a ``torch.manual_seed`` call beside it already does the job and this line can go.
 
     Example::
 

@@ -79,7 +79,8 @@ class CudaDeviceLiteral(Rule):
 
     Tensors and modules sent there raise without CUDA ("Torch not compiled with CUDA enabled"). ``npu-port run``'s
     redirect maps these devices to the target in every place torch takes one; ``npu-port fix`` writes
-    ``npu_port.get_device()`` (the CUDA device on CUDA).
+    ``npu_port.get_device().type`` for ``"cuda"`` and ``f"{npu_port.get_device().type}:1"`` for ``"cuda:1"`` (the same
+    strings on CUDA); a computed string or a parameter default is left to you.
 
     Example::
 

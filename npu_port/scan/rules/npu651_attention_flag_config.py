@@ -70,7 +70,8 @@ class FlashAttention2Config(Rule):
 
     transformers checks for the flash_attn package *and* a CUDA GPU when the model is loaded and raises without
     them; npu-port's flash_attn drop-in does not pass that check. Ask for ``sdpa`` (PyTorch's attention, which
-    ``npu-port run`` routes to the device's fused kernel) — same results, another kernel, hence an unsafe fix.
+    ``npu-port run`` routes to the device's fused kernel) — same results, another kernel, hence an unsafe fix (made by
+    hand: ``npu-port fix`` rewrites Python only, and lists this finding).
 
     Example::
 
