@@ -53,15 +53,12 @@ class FileFix:
     def diff(self) -> str:
         """The change as a unified diff that ``git apply`` and ``patch -p1`` take: lines split at ``\\n`` only (a
         form feed or a lone ``\\r`` is content, as git sees it; ``str.splitlines`` splits there and the context
-        would not match the file), and a last line without a newline marked ``\\ No newline at end of file``."""
+        would not match the file), a last line without a newline marked ``\\ No newline at end of file``, and a
+        name with a space ended by a tab, as git writes it (``patch`` reads a name up to a tab)."""
         if self.new is None:
             return ""
-        lines = difflib.unified_diff(
-            _LINES.findall(self.old),
-            _LINES.findall(self.new),
-            fromfile=f"a/{_shown(self.path)}",
-            tofile=f"b/{_shown(self.path)}",
-        )
+        shown = _shown(self.path) + ("\t" if " " in self.path else "")
+        lines = difflib.unified_diff(_LINES.findall(self.old), _LINES.findall(self.new), f"a/{shown}", f"b/{shown}")
         return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
 

@@ -972,6 +972,14 @@ def test_an_import_with_a_fallback_beside_it_stays_when_the_rewrite_leaves_it_un
     assert one.new is not None and "try:\n    from torch.cuda import synchronize\nexcept ImportError:" in one.new
 
 
+def test_the_diff_ends_a_name_with_a_space_with_a_tab_as_git_does(tmp_path):
+    path = tmp_path / "with space.py"
+    path.write_text("import torch\ndef f(x):\n    return x.cuda()\n", encoding="utf-8")
+    (one,) = fix([str(path)])
+    shown = str(path).lstrip("/")
+    assert one.diff().split("\n")[:2] == [f"--- a/{shown}\t", f"+++ b/{shown}\t"]  # GNU patch reads up to a tab
+
+
 def test_the_diff_marks_a_last_line_without_newline_and_splits_lines_only_at_newlines(tmp_path):
     path = tmp_path / "a.py"
     path.write_text("import torch\n\x0c\ndef f(x):\n    return x.cuda()", encoding="utf-8")  # no newline at the end
@@ -995,6 +1003,7 @@ def test_the_diff_applies_with_git_apply_to_crlf_form_feed_and_unterminated_file
         "crlf.py": b"import torch\r\ndef f(x):\r\n    return x.cuda()\r\n",
         "ff.py": b"import torch\n\x0c\ndef f(x):\n    return x.cuda()\n",
         "end.py": b"import torch\ndef f(x):\n    return x.cuda()",
+        "with space.py": b"import torch\ndef f(x):\n    return x.cuda()\n",
     }
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
