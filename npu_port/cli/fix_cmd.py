@@ -41,8 +41,10 @@ def run(args: argparse.Namespace) -> int:
         return 130
     changed = [f for f in fixes if f.new is not None]
     if not args.write:
-        for one in changed:
-            sys.stdout.write(one.diff())
+        sys.stdout.flush()
+        for one in changed:  # in each file's own encoding: the diff applies to its bytes
+            sys.stdout.buffer.write(one.diff_bytes())
+        sys.stdout.buffer.flush()
     count = sum(len(f.fixed) for f in changed)
     verb = "fixed" if args.write else "would fix"
     lines = [f"npu-port fix: {verb} {count} findings in {len(changed)} files"]

@@ -53,13 +53,28 @@ class FileFix:
     def diff(self) -> str:
         """The change as a unified diff that ``git apply`` and ``patch -p1`` take: lines split at ``\\n`` only (a
         form feed or a lone ``\\r`` is content, as git sees it; ``str.splitlines`` splits there and the context
-        would not match the file), a last line without a newline marked ``\\ No newline at end of file``, and a
-        name with a space ended by a tab, as git writes it (``patch`` reads a name up to a tab)."""
+        would not match the file), a last line without a newline marked ``\\ No newline at end of file``, a name
+        with a space ended by a tab, as git writes it (``patch`` reads a name up to a tab), and a byte-order mark
+        shown where the file has it (the first line's context would not match without it)."""
+        return "".join(self._diff_lines())
+
+    def diff_bytes(self) -> bytes:
+        """:meth:`diff` as bytes that apply to the file: its lines in the file's own encoding (a latin-1 file's
+        ``é`` is the one byte the file holds), the names as the file system spells them."""
+        lines = self._diff_lines()
+        encoding = "utf-8" if self.encoding == "utf-8-sig" else self.encoding  # the BOM is in the text already
+        names = [line.encode("utf-8", "surrogateescape") for line in lines[:2]]
+        return b"".join(names + [line.encode(encoding) for line in lines[2:]])
+
+    def _diff_lines(self) -> List[str]:
         if self.new is None:
-            return ""
+            return []
+        mark = "\ufeff" if self.encoding == "utf-8-sig" else ""
         shown = _shown(self.path) + ("\t" if " " in self.path else "")
-        lines = difflib.unified_diff(_LINES.findall(self.old), _LINES.findall(self.new), f"a/{shown}", f"b/{shown}")
-        return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+        lines = difflib.unified_diff(
+            _LINES.findall(mark + self.old), _LINES.findall(mark + self.new), f"a/{shown}", f"b/{shown}"
+        )
+        return [line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines]
 
 
 #: A line as ``diff`` and ``patch`` count them: up to and with its ``\n``, or the last one without.

@@ -998,23 +998,28 @@ def test_the_diff_marks_a_last_line_without_newline_and_splits_lines_only_at_new
 
 
 @pytest.mark.e2e
-def test_the_diff_applies_with_git_apply_to_crlf_form_feed_and_unterminated_files(tmp_path, monkeypatch):
+def test_the_diff_applies_with_git_apply_to_crlf_form_feed_unterminated_bom_and_latin1_files(
+    tmp_path, monkeypatch, capsysbinary
+):
     files = {
         "crlf.py": b"import torch\r\ndef f(x):\r\n    return x.cuda()\r\n",
         "ff.py": b"import torch\n\x0c\ndef f(x):\n    return x.cuda()\n",
         "end.py": b"import torch\ndef f(x):\n    return x.cuda()",
         "with space.py": b"import torch\ndef f(x):\n    return x.cuda()\n",
+        "bom.py": b"\xef\xbb\xbfimport torch\ny = torch.ones(1).cuda()\n",
+        "latin.py": b'# -*- coding: latin-1 -*-\nimport torch\ns = "\xe9"; y = torch.ones(1).cuda()\n',
     }
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
     monkeypatch.chdir(tmp_path)  # the diff names files relative to the working folder, as git does
     fixes = fix(["."])
-    (tmp_path / "fix.patch").write_bytes("".join(one.diff() for one in fixes).encode("utf-8"))
+    assert main(["fix", "."]) == 0  # the diff as npu-port fix prints it
+    (tmp_path / "fix.patch").write_bytes(capsysbinary.readouterr().out)
     subprocess.run(["git", "init", "-q", "."], check=True)
     done = subprocess.run(["git", "apply", "fix.patch"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert {name: (tmp_path / name).read_bytes() for name in files} == {
-        os.path.basename(one.path): one.new.encode("utf-8") for one in fixes
+        os.path.basename(one.path): one.new.encode(one.encoding) for one in fixes
     }
 
 
