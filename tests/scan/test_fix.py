@@ -1103,3 +1103,15 @@ def test_a_link_to_a_vendored_file_is_vendored_and_fix_leaves_the_vendored_file_
     assert result.findings == [] and [f.path for f in result.vendored_findings] == [str(tmp_path / "attn.py")]
     assert fix([str(tmp_path)], write=True) == []
     assert vendored.read_text() == "import torch\ndef f(x):\n    return x.cuda()\n"
+
+
+def test_an_sdp_kernel_call_with_comments_among_its_flags_is_left_with_its_comments(tmp_path):
+    text = (
+        "import torch\ndef f(q):\n    with torch.backends.cuda.sdp_kernel(\n"
+        "        enable_flash=True,  # fast path on A100\n        enable_math=False,\n    ):\n        return q\n"
+    )
+    path = tmp_path / "a.py"
+    path.write_text(text, encoding="utf-8")
+    (one,) = fix([str(path)])
+    assert one.new is None  # the rewrite dropped the comment
+    assert [(f.code, f.line, f.fix) for f in one.left] == [("NPU314", 3, "manual")]
