@@ -343,8 +343,16 @@ def fix(
 
 
 def _replace(path: str, data: bytes) -> None:
-    """Write ``data`` over ``path`` atomically, keeping its permission bits."""
+    """Write ``data`` over ``path`` atomically, keeping its permission bits and its owner (``sudo npu-port fix
+    --write`` made every fixed file root's: the new file is the writer's); an owner only root may give is kept
+    where the writer may give it, else the file is the writer's, as any editor's rename leaves it."""
     from ..atomic import atomic_path
 
-    with atomic_path(path, mode=stat.S_IMODE(os.stat(path).st_mode), exact_mode=True) as temporary:
+    before = os.stat(path)
+    with atomic_path(path, mode=stat.S_IMODE(before.st_mode), exact_mode=True) as temporary:
         temporary.write_bytes(data)
+        if (before.st_uid, before.st_gid) != (os.geteuid(), os.getegid()):
+            try:
+                os.chown(temporary, before.st_uid, before.st_gid)
+            except OSError:
+                pass  # the mode is set after this block (atomic_path), so chown's clearing of set-ID bits is undone

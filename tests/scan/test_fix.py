@@ -1115,3 +1115,15 @@ def test_an_sdp_kernel_call_with_comments_among_its_flags_is_left_with_its_comme
     (one,) = fix([str(path)])
     assert one.new is None  # the rewrite dropped the comment
     assert [(f.code, f.line, f.fix) for f in one.left] == [("NPU314", 3, "manual")]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving a file to another owner needs root")
+def test_fix_write_keeps_the_files_owner(tmp_path):
+    path = tmp_path / "a.py"
+    path.write_text("import torch\ndef f(x):\n    return x.cuda()\n")
+    os.chown(path, 1234, 2345)
+    os.chmod(path, 0o640)
+    fix([str(path)], write=True)
+    after = os.stat(path)
+    assert (after.st_uid, after.st_gid, stat.S_IMODE(after.st_mode)) == (1234, 2345, 0o640)
+    assert path.read_text() == FIXED_SMALL
