@@ -67,4 +67,4 @@ def run(args: argparse.Namespace) -> int:
     if not args.write and changed:
         lines.append("dry run: nothing written (--write applies the fixes)")
     sys.stderr.write("\n".join(lines) + "\n")
-    return 0
+    return 1 if any(one.unwritten for one in fixes) else 0  # asked to write, and a file could not be

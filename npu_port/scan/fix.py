@@ -47,6 +47,7 @@ class FileFix:
     fixed: List[Finding] = field(default_factory=list)
     left: List[Finding] = field(default_factory=list)
     problem: Optional[str] = None  # why the file was left as it was, when a rewrite went wrong
+    unwritten: bool = False  # --write could not replace the file (its folder is read-only): it is as it was
     #: How the file is written back: the encoding it declares (PEP 263), ``utf-8-sig`` when it starts with a BOM.
     encoding: str = "utf-8"
 
@@ -338,7 +339,13 @@ def fix(
         one = fix_file(path, chosen, unsafe)
         fixes.append(one)
         if write and one.new is not None:
-            _replace(path, one.new.encode(one.encoding))
+            try:
+                _replace(path, one.new.encode(one.encoding))
+            except OSError as exc:  # a folder that cannot be written: this file is as it was, the others go on
+                one.problem = f"not written: {exc.strerror or exc}"
+                unmade = _left(one.fixed, by_code, set(one.fixed))  # manual now: nothing was written
+                one.left = sorted(one.left + unmade, key=lambda f: (f.line, f.column, f.code))
+                one.new, one.fixed, one.unwritten = None, [], True
     return fixes
 
 

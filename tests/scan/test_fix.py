@@ -1127,3 +1127,29 @@ def test_fix_write_keeps_the_files_owner(tmp_path):
     after = os.stat(path)
     assert (after.st_uid, after.st_gid, stat.S_IMODE(after.st_mode)) == (1234, 2345, 0o640)
     assert path.read_text() == FIXED_SMALL
+
+
+def test_a_file_whose_folder_cannot_be_written_is_named_and_the_others_are_still_fixed(tmp_path, monkeypatch, capsys):
+    for folder in ("a_locked", "b_open"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "m.py").write_text("import torch\ndef f(x):\n    return x.cuda()\n")
+    import npu_port.atomic
+
+    made = npu_port.atomic.tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):  # a read-only folder (root may write any folder: chmod cannot show it)
+        if str(dir).endswith("a_locked"):
+            raise PermissionError(1, "Operation not permitted", str(dir))
+        return made(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(npu_port.atomic.tempfile, "mkstemp", mkstemp)
+    assert main(["fix", str(tmp_path), "--write"]) == 1  # it used to stop with a traceback, b_open unfixed
+    err = capsys.readouterr().err.splitlines()
+    assert err[:2] == [
+        "npu-port fix: fixed 1 findings in 1 files",
+        f"{tmp_path / 'a_locked' / 'm.py'}: not written: Operation not permitted",
+    ]
+    assert err[2] == "1 with no automatic fix are handled by npu-port as they are:"  # nothing was written
+    assert len(err) == 4 and err[3].startswith(f"  {tmp_path / 'a_locked' / 'm.py'}:3:12 NPU301 ")
+    assert (tmp_path / "a_locked" / "m.py").read_text() == "import torch\ndef f(x):\n    return x.cuda()\n"
+    assert (tmp_path / "b_open" / "m.py").read_text() == FIXED_SMALL
