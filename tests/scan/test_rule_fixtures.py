@@ -40,3 +40,20 @@ def test_every_rule_has_a_fixture_that_expects_it():
     covered = {code for path in _fixtures() for _, code in expected(path)}
     missing = [r.code for r in rules() if r.code not in covered]
     assert missing == []
+
+
+@pytest.mark.parametrize("path", _fixtures(), ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_triggers_only_skip_files_a_rule_would_find_nothing_in(path, monkeypatch):
+    """A rule's triggers decide which files it reads, for speed: reading every file with every rule must find the
+    same (a trigger that misses a form, `nn.Softmax` for `softmax`, drops findings)."""
+    import npu_port.scan.engine as engine
+    from npu_port.scan.rules.npu001_unreadable import SyntaxRule
+
+    selected = select_rules()
+    with_triggers = scan_file(str(path), False, selected).findings
+    monkeypatch.setattr(
+        engine,
+        "_interested",
+        lambda rules, text, python: [r for r in rules if r is not SyntaxRule and bool(r.file_patterns) != python],
+    )
+    assert scan_file(str(path), False, selected).findings == with_triggers

@@ -61,7 +61,11 @@ CUDA_ONLY_PACKAGES: Dict[str, str] = {
 #: call, and made the scan parse most files of torch's tree for nothing.
 EXTENSION_TRIGGERS = (
     "_cuda",
-    re.compile(r"^[ \t]*(?:import|from)[ \t][^\n#]*?_(?:C|ext)\b|^[ \t]*\w*_(?:C|ext)[ \t]*[,)]|_(?:C|ext)[\"']", re.M),
+    re.compile(
+        r"^[ \t]*(?:import|from)[ \t][^\n#]*?(?<!torch\.)(?<!torch import )_(?:C|ext)\b"  # torch's own _C: portable
+        r"|^[ \t]*\w*_(?:C|ext)[ \t]*[,)]|_(?:C|ext)[\"']",
+        re.M,
+    ),
 )
 
 #: Top-level packages whose ``_C`` / ``*_cuda`` modules are not CUDA-only extensions.

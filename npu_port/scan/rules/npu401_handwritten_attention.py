@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 from ..context import PythonFile
@@ -47,7 +48,9 @@ class HandwrittenAttention(Rule):
     severity = "perf"
     targets = ("npu", "cpu", "gpu")
     fix = "manual"
-    triggers = ("softmax",)
+    triggers = ("softmax", "Softmax")  # torch.softmax, F.softmax, x.softmax(...), nn.Softmax(...)
+    #: ... and a product: a function, a method, or ``@`` between operands (a decorator's ``@`` starts its line)
+    also_triggers = ("matmul", "bmm", "einsum", "mm(", re.compile(r"[\w)\]]\s*@=?\s*[\w(]"))
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for scope in _softmax_scopes(source):

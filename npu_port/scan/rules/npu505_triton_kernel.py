@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import Iterator, Optional
 
 from ..context import PythonFile
@@ -37,6 +38,8 @@ class TritonKernel(Rule):
     targets = ("npu", "cpu")
     fix = "manual"
     triggers = ("triton",)
+    #: ... and a decorator that can be a kernel's (torch's tree names triton in hundreds of files without one)
+    also_triggers = (re.compile(r"@\s*[\w.]*(?:jit|autotune|heuristics)\b"),)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for function in source.of(ast.FunctionDef):

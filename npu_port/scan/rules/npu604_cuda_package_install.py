@@ -59,6 +59,7 @@ class CudaPackageInstall(Rule):
     #: `pip install`, `pip3 install`, `"pip", "install"`, `run_line_magic('pip', 'install ...')`: "install" alone is in
     #: every "please install X" message.
     triggers = (re.compile(r"""pip3?["']?\s*,?\s*["']?install"""),)
+    also_triggers = ("system", "subprocess", "popen", "Popen", "get_ipython")  # ... and something that runs it
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, name in source.calls():

@@ -33,6 +33,7 @@ class AttentionFlagOption(Rule):
     fix = "manual"
     handled_by = "npu-port run's xformers hook and the flash_attn / xformers drop-ins"
     triggers = FLAG_TRIGGERS
+    also_triggers = ("add_argument",)  # an option of argparse's: a flag named in a model file is not one
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, _ in source.calls():
