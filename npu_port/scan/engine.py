@@ -20,8 +20,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
+import gc
 import io
 import os
 import re
@@ -30,7 +32,7 @@ import tokenize
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Type
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type
 
 from ..errors import NpuPortError
 from .context import PythonFile, TextFile, split_lines
@@ -330,7 +332,23 @@ def scan_file(path: str, vendored: bool, selected: Sequence[Type[Rule]]) -> File
 
 def _scan_many(batch: List[Tuple[str, bool]], codes: List[str]) -> List[FileResult]:
     chosen = [r for r in rules() if r.code in codes]
-    return [scan_file(path, vendored, chosen) for path, vendored in batch]
+    with _collector_paused():
+        return [scan_file(path, vendored, chosen) for path, vendored in batch]
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while files are parsed: a syntax tree is hundreds of thousands of
+    objects, and each one allocated counts toward the next collection, which walks every live object — a quarter
+    of a big tree's parse time went to collections that found nothing (a tree holds no cycles: it is freed by
+    reference counting when its file is done). Restored as it was after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 # ---- a tree --------------------------------------------------------------------------------------------------------
@@ -354,10 +372,11 @@ def scan(
     bar = _progress(len(files)) if progress else None
     try:
         if workers <= 1 or len(files) < PARALLEL_FROM:
-            for path, vendored in files:
-                results.append(scan_file(path, vendored, chosen))
-                if bar is not None:
-                    bar.update(1)
+            with _collector_paused():
+                for path, vendored in files:
+                    results.append(scan_file(path, vendored, chosen))
+                    if bar is not None:
+                        bar.update(1)
         else:
             size = max(8, len(files) // (workers * 8))
             batches = [files[i : i + size] for i in range(0, len(files), size)]

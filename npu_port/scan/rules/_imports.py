@@ -61,11 +61,9 @@ CUDA_ONLY_PACKAGES: Dict[str, str] = {
 #: call, and made the scan parse most files of torch's tree for nothing.
 EXTENSION_TRIGGERS = (
     "_cuda",
-    re.compile(
-        r"^[ \t]*(?:import|from)[ \t][^\n#]*?(?<!torch\.)(?<!torch import )_(?:C|ext)\b"  # torch's own _C: portable
-        r"|^[ \t]*\w*_(?:C|ext)[ \t]*[,)]|_(?:C|ext)[\"']",
-        re.M,
-    ),
+    re.compile(r"_(?:C|ext)[\"']"),
+    re.compile(r"(?:import|from)[ \t][^\n#]*?(?<!torch\.)(?<!torch import )_(?:C|ext)\b"),  # torch's own _C: portable
+    re.compile(r"\n[ \t]*\w*_(?:C|ext)[ \t]*[,)]"),  # a name in a parenthesised import list
 )
 
 #: Top-level packages whose ``_C`` / ``*_cuda`` modules are not CUDA-only extensions.
