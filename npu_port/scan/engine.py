@@ -96,7 +96,13 @@ def select_rules(select: Sequence[str] = (), ignore: Sequence[str] = ()) -> List
         if not any(code.startswith(prefix) for code in codes):
             raise ScanError(f"unknown rule code or prefix {prefix!r}; the codes are {', '.join(codes)}")
     chosen = [r for r in every if not select or any(r.code.startswith(p) for p in select)]
-    return [r for r in chosen if not any(r.code.startswith(p) for p in ignore)]
+    chosen = [r for r in chosen if not any(r.code.startswith(p) for p in ignore)]
+    if not chosen:
+        raise ScanError(
+            f"--select {','.join(select) or '(all)'} --ignore {','.join(ignore)} leaves no rule to run; "
+            "npu-port scan --rules lists them"
+        )
+    return chosen
 
 
 # ---- finding files -------------------------------------------------------------------------------------------------
@@ -302,7 +308,8 @@ def scan_file(path: str, vendored: bool, selected: Sequence[Type[Rule]]) -> File
     interested = _interested(selected, text, python)
     unreadable = SyntaxRule in selected
     if python:
-        if not interested:  # mentions nothing any rule looks for: not even parsed (most files of a big tree)
+        only_syntax = unreadable and len(selected) == 1  # --select NPU001: every file is parsed, for that alone
+        if not interested and not only_syntax:  # mentions nothing a rule looks for: not parsed (most files of a tree)
             return result
         try:
             source = PythonFile.parse(path, text)

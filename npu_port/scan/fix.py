@@ -330,6 +330,7 @@ def fix(
     result = scan(paths, select=[r.code for r in chosen], jobs=1)
     fixes: List[FileFix] = []
     by_code = {r.code: r for r in chosen}
+    roots = [os.path.realpath(p) for p in paths]
     for path in sorted({f.path for f in result.findings}):
         if not path.endswith(".py"):  # requirements, configs: what the text rules found is said, never rewritten
             fixes.append(
@@ -339,6 +340,13 @@ def fix(
         one = fix_file(path, chosen, unsafe)
         fixes.append(one)
         if write and one.new is not None:
+            refusal = _not_to_write(path, roots)
+            if refusal is not None:  # said, with what was not made; the other files are fixed
+                one.problem = refusal
+                unmade = _left(one.fixed, by_code, set(one.fixed))
+                one.left = sorted(one.left + unmade, key=lambda f: (f.line, f.column, f.code))
+                one.new, one.fixed, one.unwritten = None, [], True
+                continue
             try:
                 _replace(path, one.new.encode(one.encoding))
             except OSError as exc:  # a folder that cannot be written: this file is as it was, the others go on
@@ -347,6 +355,18 @@ def fix(
                 one.left = sorted(one.left + unmade, key=lambda f: (f.line, f.column, f.code))
                 one.new, one.fixed, one.unwritten = None, [], True
     return fixes
+
+
+def _not_to_write(path: str, roots: Sequence[str]) -> Optional[str]:
+    """Why ``--write`` leaves ``path``, or None: a link to a file outside the paths given is someone else's file (a
+    shared checkout, a system file), and a file no one may write (mode 0444) was made read-only on purpose — a
+    rename would replace either without asking."""
+    real = os.path.realpath(path)
+    if not any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in roots):
+        return f"not written: it links to {real}, outside the paths given"
+    if not stat.S_IMODE(os.stat(real).st_mode) & 0o222:
+        return "not written: the file is read-only (no one may write it)"
+    return None
 
 
 def _replace(path: str, data: bytes) -> None:

@@ -210,13 +210,33 @@ FIXED_SMALL = "import torch\nimport npu_port\n\ndef f(x):\n    return x.to(npu_p
 
 
 def test_a_symlinked_source_is_fixed_where_it_points_and_the_link_stays(tmp_path):
-    shared = tmp_path / "shared.py"
+    (tmp_path / "project" / "src").mkdir(parents=True)
+    shared = tmp_path / "project" / "src" / "shared.py"
     shared.write_text("import torch\ndef f(x):\n    return x.cuda()\n")
-    (tmp_path / "project").mkdir()
     link = tmp_path / "project" / "lib.py"
     link.symlink_to(shared)
     fix([str(tmp_path / "project")], write=True)
     assert link.is_symlink() and shared.read_text() == FIXED_SMALL
+
+
+def test_a_link_out_of_the_paths_given_and_a_read_only_file_are_not_written(tmp_path, capsys):
+    """``--write`` replaces files by rename, which needs only the folder to be writable: it would replace someone
+    else's file through a link, and a file made read-only on purpose, without asking."""
+    source = "import torch\ndef f(x):\n    return x.cuda()\n"
+    outside = tmp_path / "elsewhere.py"
+    outside.write_text(source)
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "lib.py").symlink_to(outside)
+    frozen = tmp_path / "project" / "frozen.py"
+    frozen.write_text(source)
+    frozen.chmod(0o444)
+    normal = tmp_path / "project" / "normal.py"
+    normal.write_text(source)
+    assert main(["fix", str(tmp_path / "project"), "--write"]) == 1
+    assert outside.read_text() == source and frozen.read_text() == source and normal.read_text() == FIXED_SMALL
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'project' / 'lib.py'}: not written: it links to {outside}, outside the paths given" in err
+    assert f"{frozen}: not written: the file is read-only (no one may write it)" in err
 
 
 def test_fix_cases_that_are_not_safe_stay_manual_and_one_bad_file_does_not_stop_the_others(tmp_path, capsys):

@@ -324,3 +324,13 @@ def test_a_rule_looks_at_a_file_only_with_a_trigger_of_each_group():
     assert rope not in _interested([rope], "def scale(x):\n    return x.double()\n", True)  # float64, no RoPE
     assert rope not in _interested([rope], "def rope(x):\n    return x\n", True)  # RoPE, no float64
     assert rope not in _interested([rope], "def apply_RoPE(x):\n    return x.double()\n", False)  # not Python
+
+
+def test_selecting_npu001_alone_parses_every_file_and_a_selection_of_no_rule_is_an_error(tmp_path):
+    _tree(tmp_path, {"broken.py": "def f(:\n    pass\n", "fine.py": "x = 1\n"})
+    assert scan([str(tmp_path)]).findings == []  # no rule looks at either file: neither is parsed
+    (finding,) = scan([str(tmp_path)], select=["NPU001"]).findings
+    assert (os.path.basename(finding.path), finding.code, finding.line) == ("broken.py", "NPU001", 1)
+    with pytest.raises(ScanError) as error:
+        scan([str(tmp_path)], select=["NPU3"], ignore=["NPU3"])
+    assert str(error.value) == "--select NPU3 --ignore NPU3 leaves no rule to run; npu-port scan --rules lists them"

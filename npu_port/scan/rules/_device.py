@@ -143,9 +143,13 @@ HELPERS = {
 
 
 def cuda_api_name(qualified: Optional[str]) -> Optional[str]:
-    """``"synchronize"`` for ``torch.cuda.synchronize``; None for anything not under ``torch.cuda``."""
+    """``"synchronize"`` for ``torch.cuda.synchronize``; None for anything not under ``torch.cuda``. The memory
+    functions are the same objects under ``torch.cuda.memory`` (``torch.cuda.memory.empty_cache``)."""
     if qualified and qualified.startswith("torch.cuda."):
-        return qualified[len("torch.cuda.") :]
+        name = qualified[len("torch.cuda.") :]
+        if name.startswith("memory.") and name[len("memory.") :] in CUDA_API:
+            return name[len("memory.") :]
+        return name
     return None
 
 
