@@ -1078,8 +1078,8 @@ def test_an_aliased_torch_cuda_call_gets_the_helper_of_what_it_resolves_to(tmp_p
 
 
 def test_fix_lists_what_no_rewrite_makes_unsafe_kinds_and_requirements_included(tmp_path, capsys):
-    """NPU130 and NPU303 declare an unsafe fix kind and have no rewrite, and requirements files are never rewritten:
-    fix said nothing of them ("would fix 0 findings in 0 files", a runtime finding unmentioned)."""
+    """Requirements files are never rewritten, and an unsafe fix is made only when asked: fix lists both (it once
+    said nothing of them: "would fix 0 findings in 0 files", a runtime finding unmentioned)."""
     (tmp_path / "m.py").write_text(
         "import torch\nfrom transformers import AutoModel\n"
         'm = AutoModel.from_pretrained("x", attn_implementation="flash_attention_2")\n'
@@ -1087,18 +1087,28 @@ def test_fix_lists_what_no_rewrite_makes_unsafe_kinds_and_requirements_included(
         encoding="utf-8",
     )
     (tmp_path / "requirements.txt").write_text("apex==0.1\nflash-attn==2.5.8\n", encoding="utf-8")
-    for extra in ([], ["--unsafe-fixes"]):
+    left = [
+        "1 need a manual change:",
+        [f"{tmp_path}/requirements.txt:1:1", "NPU602"],
+        "1 with no automatic fix are handled by npu-port as they are:",
+        [f"{tmp_path}/requirements.txt:2:1", "NPU601"],
+    ]
+    for extra, head in (
+        (
+            [],
+            [
+                "npu-port fix: would fix 0 findings in 0 files",
+                "2 have a fix that may change behaviour (--unsafe-fixes applies it):",
+                [f"{tmp_path}/m.py:3:56", "NPU130"],
+                [f"{tmp_path}/m.py:5:5", "NPU303"],
+            ],
+        ),
+        (["--unsafe-fixes"], ["npu-port fix: would fix 2 findings in 1 files"]),
+    ):
         assert main(["fix", str(tmp_path), *extra]) == 0
         err = [line.split()[:2] if line.startswith("  ") else line for line in capsys.readouterr().err.splitlines()]
-        assert err == [
-            "npu-port fix: would fix 0 findings in 0 files",
-            "2 need a manual change:",
-            [f"{tmp_path}/m.py:3:56", "NPU130"],
-            [f"{tmp_path}/requirements.txt:1:1", "NPU602"],
-            "2 with no automatic fix are handled by npu-port as they are:",
-            [f"{tmp_path}/m.py:5:5", "NPU303"],
-            [f"{tmp_path}/requirements.txt:2:1", "NPU601"],
-        ]
+        tail = ["dry run: nothing written (--write applies the fixes)"] if extra else []
+        assert err == head + left + tail
 
 
 def test_an_unsafe_fix_not_asked_for_stays_unsafe_and_one_no_rule_can_make_is_manual(tmp_path):
@@ -1173,3 +1183,40 @@ def test_a_file_whose_folder_cannot_be_written_is_named_and_the_others_are_still
     assert len(err) == 4 and err[3].startswith(f"  {tmp_path / 'a_locked' / 'm.py'}:3:12 NPU301 ")
     assert (tmp_path / "a_locked" / "m.py").read_text() == "import torch\ndef f(x):\n    return x.cuda()\n"
     assert (tmp_path / "b_open" / "m.py").read_text() == FIXED_SMALL
+
+
+UNSAFE = (
+    "import torch\n"
+    "from torch.cuda import manual_seed_all as seed_everything\n"
+    "from transformers import AutoModelForCausalLM\n"
+    "\n\ndef load(path, seed, fast):\n"
+    "    torch.cuda.manual_seed(seed)\n"
+    "    seed_everything(seed)\n"
+    "    torch.cuda.seed_all()\n"
+    "    a = AutoModelForCausalLM.from_pretrained(path, attn_implementation='flash_attention_2')\n"
+    '    b = AutoModelForCausalLM.from_pretrained(path, attn_implementation="flash_attention_3" if fast else "eager")\n'
+    "    return a, b\n"
+)
+
+
+def test_unsafe_fixes_are_made_only_when_asked_and_a_second_run_changes_nothing(tmp_path):
+    """NPU303 (torch.cuda seeding -> torch.manual_seed: the CPU generator is reseeded too) and NPU130
+    (flash_attention_2 -> sdpa: another kernel on CUDA) change behaviour on CUDA: --unsafe-fixes only."""
+    path = tmp_path / "m.py"
+    path.write_text(UNSAFE)
+    (safe_only,) = fix([str(path)])
+    assert safe_only.new is None and {f.code for f in safe_only.left} == {"NPU303", "NPU130"}
+    fix([str(path)], unsafe=True, write=True)
+    assert path.read_text() == (
+        "import torch\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "\n\ndef load(path, seed, fast):\n"
+        "    torch.manual_seed(seed)\n"
+        "    torch.manual_seed(seed)\n"
+        "    torch.seed()\n"
+        "    a = AutoModelForCausalLM.from_pretrained(path, attn_implementation='sdpa')\n"
+        '    b = AutoModelForCausalLM.from_pretrained(path, attn_implementation="flash_attention_3" if fast else "eager")\n'
+        "    return a, b\n"
+    )  # a value chosen in one branch is left (NPU130, manual)
+    (again,) = fix([str(path)], unsafe=True)
+    assert again.new is None and [(f.code, f.fix) for f in again.left] == [("NPU130", "manual")]

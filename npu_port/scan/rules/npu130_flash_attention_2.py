@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from typing import Iterator
+from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
@@ -20,7 +20,9 @@ class FlashAttention2Implementation(Rule):
 
     transformers checks for a CUDA flash-attn when the model is built and raises ImportError / ValueError where there
     is none (NPU, CPU, a GPU without the wheel). ``"sdpa"`` works everywhere; that change is an unsafe fix (on CUDA it
-    changes the kernel), which ``npu-port fix`` does not make yet: it lists the finding as a manual change.
+    changes the kernel): ``npu-port fix --unsafe-fixes`` writes ``"sdpa"`` in place of a literal
+    ``"flash_attention_2"`` / ``"flash_attention_3"``; a value chosen in one branch and ``use_flash_attention_2=True``
+    are left to you.
 
     Example::
 
@@ -50,6 +52,14 @@ class FlashAttention2Implementation(Rule):
             elif isinstance(node, ast.Assign) and _flash_value(node.value):
                 if any(isinstance(t, ast.Attribute) and t.attr in _KEYS for t in node.targets):
                     yield self._finding(source, node.value)
+
+    def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
+        """A string literal ``"flash_attention_2"`` (any quote) -> ``"sdpa"`` in the same quotes."""
+        import libcst as cst
+
+        if not isinstance(node, cst.SimpleString) or node.evaluated_value not in _VALUES:
+            return None
+        return node.with_changes(value=node.value.replace(str(node.evaluated_value), "sdpa"))
 
     def _finding(self, source: PythonFile, value: ast.AST) -> Finding:
         branch = " (in one branch)" if isinstance(value, ast.IfExp) else ""
