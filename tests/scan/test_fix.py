@@ -114,6 +114,7 @@ STATEMENTS = [
     "xf = importlib.import_module('xformers.ops')",  # dynamic: left to the user
     "",  # a blank line: the imports on either side get a try each
     "dist3 = torch.distributed.init_process_group('NCCL')",
+    "dist4 = torch.distributed.init_process_group('nccl' if x else 'gloo')",
     "def init_dist(backend='nccl'):\n    torch.distributed.init_process_group(backend=backend)\ninit_dist(backend='nccl')",
     "from torch.distributed.device_mesh import init_device_mesh\nm = init_device_mesh('cuda', (2,))",
     "class P:\n    def a(self):\n        self.b('cuda')\n    def b(self, t):\n        return init_device_mesh(t, (1,))",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, List, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
@@ -70,8 +70,9 @@ class NcclBackend(Rule):
                     value = next((k.value for k in call.keywords if k.arg == "default"), None)
             if value is None:
                 continue
-            if _nccl(value):
-                places = [(value, "argument", "")]
+            branches = _branches(value)  # `"nccl" if multi_node else "gloo"`: each value it may take
+            if any(_nccl(branch) for branch in branches):
+                places = [(branch, "argument", "") for branch in branches]
             else:  # a parameter of the file's own function, passed on: its default and what the file's calls give
                 places = [(node, kind, function) for node, kind, function in parameter_sources(source, value)]
             for node, kind, function in places:
@@ -98,3 +99,10 @@ class NcclBackend(Rule):
         if isinstance(node, cst.SimpleString) and node.evaluated_value.lower() == "nccl":
             return cst.parse_expression("npu_port.distributed.default_backend()")
         return None
+
+
+def _branches(value: ast.AST) -> List[ast.AST]:
+    """The values a conditional expression may give (``a if c else b``: ``a`` and ``b``, nested ones too)."""
+    if isinstance(value, ast.IfExp):
+        return _branches(value.body) + _branches(value.orelse)
+    return [value]
