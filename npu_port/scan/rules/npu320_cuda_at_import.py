@@ -8,7 +8,9 @@ from typing import Iterator, Optional
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
 from ._device import (
+    AUTOCAST,
     GENERATOR,
+    GRAD_SCALER,
     RAISES,
     argument,
     at_import_time,
@@ -66,6 +68,8 @@ class CudaAtImport(Rule):
         if qualified in GENERATOR:
             return '`torch.Generator("cuda")`' if live_cuda_literal(source, argument(call, 0, "device")) else None
         if qualified in ("torch.device", "torch.set_default_device"):  # a device object alone touches nothing
+            return None
+        if qualified in GRAD_SCALER or qualified in AUTOCAST:  # these warn and disable themselves: NPU307 / NPU308
             return None
         func = call.func
         if isinstance(func, ast.Attribute) and func.attr == "cuda" and qualified not in ("torch.cuda",):
