@@ -1221,3 +1221,11 @@ def test_unsafe_fixes_are_made_only_when_asked_and_a_second_run_changes_nothing(
     )  # a value chosen in one branch is left (NPU130, manual)
     (again,) = fix([str(path)], unsafe=True)
     assert again.new is None and [(f.code, f.fix) for f in again.left] == [("NPU130", "manual")]
+
+
+def test_cuda_calls_in_a_file_with_its_own_cuda_method_are_left_to_a_person(tmp_path):
+    """``.to()`` may not exist on the project's own object whose ``cuda()`` the call may be: not a safe rewrite."""
+    path = tmp_path / "m.py"
+    path.write_text("class Batch:\n    def cuda(self):\n        return self\n\n\ndef f(b):\n    return b.cuda()\n")
+    (one,) = fix([str(path)], write=True)
+    assert one.new is None and [(f.code, f.fix) for f in one.left] == [("NPU301", "manual")]

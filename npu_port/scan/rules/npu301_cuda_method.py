@@ -69,6 +69,14 @@ class CudaMethod(Rule):
                         "(e.g. `.to(f'{npu_port.get_device().type}:{index}')`)",
                         fix="manual",
                     )
+                elif _own_cuda_method(source):
+                    yield source.finding(
+                        self,
+                        node,
+                        "`.cuda()` needs a CUDA device; this file defines a `cuda()` method of its own, so the "
+                        "receiver may be one of its objects (whose `.to()` may not exist): change it by hand",
+                        fix="manual",
+                    )
                 else:
                     yield source.finding(self, node)
 
@@ -82,3 +90,16 @@ class CudaMethod(Rule):
         if node.args:
             device = device.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
         return node.with_changes(func=node.func.with_changes(attr=cst.Name("to")), args=[device, *node.args])
+
+
+def _own_cuda_method(source: PythonFile) -> bool:
+    """Whether the file defines a ``cuda`` method (a class of its own with ``def cuda(self)``): ``.cuda()`` may then
+    be that method, not a tensor's or a module's, and rewriting it to ``.to(...)`` is not safe — the scan sees no
+    receiver types. Once per file."""
+    return source.cached(
+        "own_cuda_method",
+        lambda: any(
+            isinstance(source.parents.get(node), ast.ClassDef) and node.name == "cuda"  # type: ignore[attr-defined]
+            for node in source.of(ast.FunctionDef)
+        ),
+    )
