@@ -44,7 +44,9 @@ def attention(
     (``out = sum_i exp(lse_i - lse) * out_i``). A row whose keys are all masked has ``lse = -inf`` (and zeros out).
     Only kernels that can return it are chosen; a named one that cannot raises with the reason (code ``lse``).
     """
-    call = AttentionCall.from_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse)
+    call = AttentionCall.from_arguments(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse
+    )
     if return_lse:
         return run_call_lse(call, resolve_kernel(kernel, call))
     return run_call(call, resolve_kernel(kernel, call))
