@@ -86,7 +86,7 @@ def test_the_lse_merges_blocks_as_ring_attention_does():
         for s in (slice(0, 9), slice(9, 20))
     ]
     total = torch.logaddexp(parts[0][1], parts[1][1])
-    merged = sum(torch.exp(l - total).unsqueeze(-1).double() * o for o, l in parts)
+    merged = sum(torch.exp(part_lse - total).unsqueeze(-1).double() * o for o, part_lse in parts)
     torch.testing.assert_close(total, lse)
     torch.testing.assert_close(merged, out)
 
