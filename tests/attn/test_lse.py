@@ -161,3 +161,44 @@ def test_empty_calls_give_minus_inf():
     assert lse.shape == (2, 3, 4) and torch.isneginf(lse).all() and not out.any()
     out, lse = npu_port.attention(query, torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8), return_lse=True)
     assert lse.shape == (2, 3, 0)
+
+
+def _fusion_lse_error(module) -> float:
+    """max |softmax_max + log(softmax_sum) - reference lse| of npu_fusion_attention, and that the (B, N, Sq, 8)
+    statistics repeat one value over the last axis (the layout the op documents and the kernel reads lane 0 of)."""
+    query, key, _, gen = _inputs(1, 2, 2, 6, 9, 16, torch.float32, seed=5)
+    keep = torch.rand(1, 1, 6, 9, generator=gen) > 0.3
+    keep[..., 0] = True
+    outputs = module.npu_fusion_attention(query, key, key, 2, "BNSD", atten_mask=~keep, scale=0.25)
+    softmax_max, softmax_sum = outputs[1], outputs[2]
+    assert softmax_max.shape == softmax_sum.shape == (1, 2, 6, 8)
+    assert torch.equal(softmax_max, softmax_max[..., :1].expand_as(softmax_max))
+    lse = softmax_max[..., 0] + torch.log(softmax_sum[..., 0])
+    return (lse.double() - reference_lse(query, key, keep, scale=0.25)).abs().max().item()
+
+
+def test_the_emulators_softmax_statistics_give_the_lse():
+    with all_stand_ins():
+        import torch_npu  # the emulator
+
+        assert _fusion_lse_error(torch_npu) < 1e-5
+
+
+@pytest.mark.parametrize("mutant", ["unshifted sum", "max ignores the mask"])
+def test_a_broken_emulators_softmax_statistics_fail(mutant, monkeypatch):
+    from ..emulators import torch_npu_emulator as emu
+
+    real = emu._attend
+
+    def broken(q, k, v, keep, scale, keep_prob, fix_invalid_rows):
+        result = real(q, k, v, keep, scale, keep_prob, fix_invalid_rows)
+        if mutant == "unshifted sum":
+            return emu._Attended(result.out, result.row_max, result.row_sum * torch.exp(result.row_max))
+        scores = torch.matmul(q.double(), k.double().transpose(-2, -1)) * scale
+        return emu._Attended(result.out, scores.amax(dim=-1, keepdim=True), result.row_sum)
+
+    monkeypatch.setattr(emu, "_attend", broken)
+    with all_stand_ins():
+        import torch_npu
+
+        assert _fusion_lse_error(torch_npu) > 1e-3
