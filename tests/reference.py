@@ -75,3 +75,28 @@ def assert_close_to_reference(
         f"{what}: max |diff| {err.max().item():.3g} exceeds tolerance for {dtype} "
         f"(atol {atol}, rtol {rtol}) at flat index {worst.item()}"
     )
+
+
+def reference_lse(
+    query: Tensor,
+    key: Tensor,
+    keep: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+) -> Tensor:
+    """The float64 ``(B, H, Sq)`` log-sum-exp of the scaled masked scores: ``-inf`` in a row with no key."""
+    q, k = query.double(), key.double()
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias.double()
+    allowed = torch.ones(scores.shape[-2:], dtype=torch.bool)
+    if is_causal:
+        allowed = allowed.tril()
+    if keep is not None:
+        allowed = allowed & keep
+    return torch.logsumexp(scores.masked_fill(~allowed.expand(scores.shape), -math.inf), dim=-1)

@@ -73,6 +73,8 @@ class AttentionCall:
     scale: float
     enable_gqa: bool
     output_shape: Tuple[int, ...]
+    #: whether the caller wants the log-sum-exp with the output (kernels that cannot return it refuse the call)
+    return_lse: bool = False
 
     # ---- construction -------------------------------------------------------------------------------------------
 
@@ -87,6 +89,7 @@ class AttentionCall:
         is_causal: bool = False,
         scale: Optional[float] = None,
         enable_gqa: bool = False,
+        return_lse: bool = False,
     ) -> "AttentionCall":
         """Validate SDPA-style arguments (same semantics, clearer errors) and build the call.
 
@@ -117,6 +120,8 @@ class AttentionCall:
             raise AttentionInputError(f"is_causal must be True or False, got {is_causal!r}")
         if enable_gqa is not False and enable_gqa is not True:
             raise AttentionInputError(f"enable_gqa must be True or False, got {enable_gqa!r}")
+        if return_lse is not False and return_lse is not True:
+            raise AttentionInputError(f"return_lse must be True or False, got {return_lse!r}")
         if not (type(dropout_p) is float and 0.0 <= dropout_p <= 1.0):  # the common case first: a float in range
             if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p <= 1.0:
                 raise AttentionInputError(f"dropout_p must be a number in [0, 1], got {dropout_p!r}")
@@ -176,6 +181,7 @@ class AttentionCall:
             scale=float(scale) if scale is not None else 1.0 / math.sqrt(head_dim),
             enable_gqa=enable_gqa,
             output_shape=tuple(output_shape),
+            return_lse=return_lse,
         )
 
     @staticmethod
@@ -260,6 +266,15 @@ class AttentionCall:
             out = out + 0.0 * (self.query.sum() + self.key.sum() + self.value.sum())
         return out
 
+    def empty_lse(self) -> Tensor:
+        """The log-sum-exp of an empty call: -inf (no key contributes), float32, in the caller's row layout."""
+        return self.query.new_full(self.output_shape[:-1], float("-inf"), dtype=torch.float32)
+
+    def restore_lse_shape(self, lse: Tensor) -> Tensor:
+        """Give the ``(B, Hq, Sq)`` log-sum-exp back in the caller's layout (``(..., heads, q_len)``)."""
+        shape = self.output_shape[:-1]
+        return lse if tuple(lse.shape) == shape else lse.reshape(shape)
+
     def restore_shape(self, out: Tensor) -> Tensor:
         """Give the output back in the caller's layout (3-D or >4-D inputs were flattened to 4-D)."""
         return out if tuple(out.shape) == self.output_shape else out.reshape(self.output_shape)
@@ -275,4 +290,5 @@ class AttentionCall:
             f"key {tuple(self.key.shape)}, value {tuple(self.value.shape)}, {mask}, "
             f"is_causal={self.is_causal}, dropout_p={self.dropout_p:g}, scale={self.scale:.4g}"
             + (", grad" if self.needs_grad else "")
+            + (", return_lse" if self.return_lse else "")
         )

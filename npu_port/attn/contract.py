@@ -16,6 +16,11 @@ positions added as ``-inf``):
 - a NaN in an additive float mask makes its query row NaN;
 - except that a row whose keys are all masked gives zeros, NaN or not (npu-port's one addition to SDPA).
 
+With ``return_lse=True`` the log-sum-exp (float32, ``(..., heads, q_len)``: ``log(sum_j exp(scale * q.k_j + mask))``
+over the keys the row sees) follows the same formula: NaN where a NaN in the query row, in a key of its head, or in
+its float mask row reaches the scores (value NaN does not: the lse never reads the values), and ``-inf`` in a row
+whose keys are all masked — so that merging blocks with ``exp(lse_i - lse)`` gives such a block weight zero.
+
 The positions come from NaN-propagating reductions over the inputs (``amax``, then ``isnan`` on the small result), so
 a kernel whose backend hides a NaN still returns it, and one that spreads it no further than the formula does is left
 as it was. On accelerators this is branch-free (no host synchronisation); on the CPU, where asking is free, an output
@@ -126,3 +131,21 @@ def _finish(
     out = out.masked_fill(query_rows, nan).masked_fill_(value_columns.unsqueeze(2), nan)
     rows = rows_with_key()
     return out if rows is None else out.masked_fill_(~rows, 0.0)
+
+
+def finish_lse(lse: Tensor, call: AttentionCall) -> Tensor:
+    """The ``(B, Hq, Sq)`` float32 log-sum-exp of any kernel held to the contract: NaN where the inputs put one in the
+    scores, ``-inf`` in rows with no key (see the module docstring)."""
+    lse = lse.float()
+    query, key = call.query, call.key
+    bias = call.mask.bias if call.mask is not None else None
+    if lse.numel() and not (lse.device.type in CHECK_FIRST_ON and not _may_hold_nan(query, key, bias)):
+        rows = _nan_along(query, (-1,))  # (B, Hq, Sq)
+        if bias is not None:
+            rows = rows | _nan_along(bias, (-1,))
+        key_heads = _nan_along(key, (-2, -1))  # (B, Hkv)
+        if call.group > 1:
+            key_heads = key_heads.repeat_interleave(call.group, dim=1)
+        lse = lse.masked_fill(rows | key_heads.unsqueeze(-1), float("nan"))
+    has_key = rows_with_keys(call)
+    return lse if has_key is None else lse.masked_fill(~has_key.squeeze(-1), float("-inf"))

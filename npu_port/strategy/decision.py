@@ -44,6 +44,7 @@ def bucket_signature(call: AttentionCall) -> Tuple[Any, ...]:
         call.is_causal,
         call.dropout_p > 0,
         call.needs_grad,
+        call.return_lse,
     )
 
 
@@ -53,7 +54,7 @@ def bucket_key(call: AttentionCall) -> str:
         f"{call.device} {dtype_name(call.dtype)} B={call.batch} H={call.heads}/{call.kv_heads} "
         f"Sq={call.q_len} Skv={call.key_len} D={call.head_dim}/{call.value_dim} mask={mask_form(call)} "
         f"causal={'yes' if call.is_causal else 'no'} dropout={'yes' if call.dropout_p > 0 else 'no'} "
-        f"grad={'yes' if call.needs_grad else 'no'}"
+        f"grad={'yes' if call.needs_grad else 'no'}" + (" lse=yes" if call.return_lse else "")
     )
 
 

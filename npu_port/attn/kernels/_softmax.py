@@ -8,7 +8,7 @@ float16 ``finfo.min`` mask cannot overflow to ``-inf``.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -44,3 +44,19 @@ def masked_softmax(scores: Tensor, bias: Optional[Tensor], keep: Optional[Tensor
         return probs
     row_has_key = keep.any(dim=-1, keepdim=True)
     return probs.mul_(row_has_key) if inplace else probs * row_has_key
+
+
+def softmax_with_lse(scores: Tensor, bias: Optional[Tensor], keep: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """``(probs, lse)`` of ``scores + bias`` restricted to ``keep``, in float32 (float64 for float64): the
+    probabilities as :func:`masked_softmax` gives them (0 in rows with no key) and the ``(..., Sq)`` log-sum-exp
+    (``-inf`` in rows with no key). Out of place: the lse path is the one ring attention differentiates through."""
+    compute = upcast_dtype(scores.dtype)
+    scores = scores.to(compute)
+    if bias is not None:
+        scores = scores + bias.to(compute)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # -inf where a row has no key
+    finite = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
+    probs = torch.exp(scores - finite)  # exp(-inf) = 0 in masked places and in rows with no key
+    return probs, lse.squeeze(-1)

@@ -6,7 +6,8 @@ can be configured (``ChunkedKernel(max_bytes=...)``): options are declared with 
 and a wrong name or value fails with the valid choices.
 
 Reason codes used by the built-in kernels: ``package-missing``, ``package-broken``, ``no-device``, ``device``,
-``dtype``, ``head-dim``, ``heads``, ``shape``, ``mask``, ``causal``, ``dropout``, ``grad``, ``budget``, ``backend``.
+``dtype``, ``head-dim``, ``heads``, ``shape``, ``mask``, ``causal``, ``dropout``, ``grad``, ``budget``, ``backend``,
+``lse`` (``return_lse=True`` and the kernel cannot return the log-sum-exp for this call).
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ class Kernel:
     #: whether the backend, where it loses a NaN of the inputs, writes a row of zeros instead (torch's CPU SDPA
     #: does): lets the unmasked fast path screen the output for NaN rather than every input (npu_port.attn.contract)
     zeros_hide_nan: ClassVar[bool] = False
+    #: whether :meth:`run_lse` can return the log-sum-exp with the output (``return_lse=True``); a kernel that can
+    #: only for some calls adds its refusals in ``call_reasons``
+    supports_lse: ClassVar[bool] = False
     OPTIONS: ClassVar[Mapping[str, Option]] = {}
 
     # ---- where the kernel stands among the others: every list of kernels is derived from these -------------------
@@ -205,6 +209,14 @@ class Kernel:
                     "npu_port.masks.keep_from_additive(mask)",
                 )
             )
+        if call.return_lse and not self.supports_lse:
+            found.append(
+                Reason(
+                    "lse",
+                    f"return_lse=True but {self.name} does not return the log-sum-exp of its rows; use a kernel "
+                    "that does (math, chunked; sdpa on cpu; the Ascend kernels)",
+                )
+            )
         found.extend(self.call_reasons(call))
         return found
 
@@ -215,6 +227,12 @@ class Kernel:
     def run(self, call: AttentionCall) -> Tensor:
         """Compute attention for a call whose ``reasons`` are empty; returns ``(B, Hq, Sq, Dv)``."""
         raise NotImplementedError
+
+    def run_lse(self, call: AttentionCall) -> Tuple[Tensor, Tensor]:
+        """``(output, lse)`` for a call whose ``reasons`` are empty and that asks for ``return_lse``: the output as
+        :meth:`run` gives it and the float32 ``(B, Hq, Sq)`` natural log of the sum over keys of
+        ``exp(scale * q.k + float mask)`` (any value in rows with no key: the contract makes them -inf)."""
+        raise NotImplementedError(f"kernel {self.name!r} declares supports_lse but has no run_lse")
 
     def prepare(self, call: AttentionCall) -> Optional[Callable[[Tensor, Tensor, Tensor], Tensor]]:
         """A function ``(query, key, value) -> output`` that runs every later call with ``call``'s exact signature

@@ -14,7 +14,7 @@ agree to rounding.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -107,6 +107,7 @@ class ChunkedKernel(Kernel):
     priority = 20
     default_selection = True
     listing_order = 30
+    supports_lse = True
     STRATEGY_OPTIONS = {
         "max_bytes": FromStrategy("memory_budget"),
         "upcast": FromStrategy("dtype_policy", fp32_softmax),
@@ -170,14 +171,25 @@ class ChunkedKernel(Kernel):
     # ---- running ------------------------------------------------------------------------------------------------
 
     def run(self, call: AttentionCall) -> Tensor:
+        return self._run(call, want_lse=False)[0]
+
+    def run_lse(self, call: AttentionCall) -> Tuple[Tensor, Tensor]:
+        """The output and the running log-sum-exp the online softmax keeps anyway (every block then takes the online
+        path, which is exact for one key block too)."""
+        out, lse = self._run(call, want_lse=True)
+        assert lse is not None
+        return out, lse
+
+    def _run(self, call: AttentionCall, want_lse: bool) -> Tuple[Tensor, Optional[Tensor]]:
         plan = self.plan(call)
         if plan is None:  # free memory shrank since reasons() was asked
             raise KernelRuntimeError(f"chunked kernel: {self._budget_reason(call)}")
         product = upcast_dtype(call.dtype) if self._options["upcast"] else call.dtype
-        blocks = _Blocks(call, plan, product)
+        blocks = _Blocks(call, plan, product, want_lse)
         out = torch.empty(
             (call.batch, call.heads, call.q_len, call.value_dim), dtype=call.value.dtype, device=call.device
         )
+        lse = torch.empty((call.batch, call.heads, call.q_len), dtype=torch.float32, device=call.device)
         for start in range(0, call.q_len, plan.query_block):
             stop = min(start + plan.query_block, call.q_len)
             query = call.query[:, :, start:stop]
@@ -187,8 +199,11 @@ class ChunkedKernel(Kernel):
                 )
             else:
                 block = blocks.query_block(query, start, blocks.bias)
+            if want_lse:
+                block, block_lse = block
+                lse[:, :, start:stop] = block_lse
             out[:, :, start:stop] = block
-        return out
+        return out, (lse if want_lse else None)
 
 
 def _finite_or_zero(t: Tensor) -> Tensor:
@@ -199,8 +214,9 @@ def _finite_or_zero(t: Tensor) -> Tensor:
 class _Blocks:
     """One call's block computations; key and value are folded (and upcast) once, not per block."""
 
-    def __init__(self, call: AttentionCall, plan: ChunkPlan, product: torch.dtype) -> None:
+    def __init__(self, call: AttentionCall, plan: ChunkPlan, product: torch.dtype, want_lse: bool = False) -> None:
         self.call = call
+        self.want_lse = want_lse  # query_block then returns (out, lse)
         self.plan = plan
         self.product = product  # dtype of the two matrix products
         self.compute = upcast_dtype(product)  # dtype of the softmax and the online accumulators
@@ -216,10 +232,13 @@ class _Blocks:
         stop = start + query.shape[2]
         key_limit = min(call.key_len, stop) if call.is_causal else call.key_len  # top-left causal: keys j <= i
         query3 = fold_query(query, call.kv_heads).to(self.product)
+        if self.want_lse:
+            out, run_max, run_sum = self._attend_online(query3, bias, start, stop, key_limit)
+            return out.to(call.value.dtype), (run_max + torch.log(run_sum)).squeeze(-1).float()
         if self.plan.key_block >= key_limit:
             out = self._attend(query3, bias, start, stop, 0, key_limit)
         else:
-            out = self._attend_online(query3, bias, start, stop, key_limit)
+            out = self._attend_online(query3, bias, start, stop, key_limit)[0]
         return out.to(call.value.dtype)
 
     def _masks(self, bias: Optional[Tensor], start: int, stop: int, k0: int, k1: int):
@@ -297,4 +316,4 @@ class _Blocks:
             total = old_weight + new_weight
             acc = (acc * old_weight + block_out * new_weight) / torch.where(total > 0, total, torch.ones_like(total))
             run_max, run_sum = new_max, total
-        return acc
+        return acc, run_max, run_sum

@@ -15,6 +15,8 @@ Memory is ``O(B * H * Sq * Skv)``: the score tensor is materialised. Use ``chunk
 
 from __future__ import annotations
 
+from typing import Tuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -22,7 +24,7 @@ from torch import Tensor
 from ..call import AttentionCall
 from ..registry import register_kernel
 from ._matmul import fold_kv, fold_query, fold_scores, scaled_scores, unfold_scores
-from ._softmax import masked_softmax, upcast_dtype
+from ._softmax import masked_softmax, softmax_with_lse, upcast_dtype
 from .base import FromStrategy, Kernel, Option, check_bool, fp32_softmax, full_score_bytes
 
 
@@ -35,6 +37,7 @@ class MathKernel(Kernel):
     priority = 10
     default_selection = True
     listing_order = 10
+    supports_lse = True
     STRATEGY_OPTIONS = {"upcast": FromStrategy("dtype_policy", fp32_softmax)}
     OPTIONS = {
         "upcast": Option(
@@ -60,3 +63,16 @@ class MathKernel(Kernel):
         probs3 = fold_scores(probs.to(product_dtype), call.kv_heads)
         out3 = torch.bmm(probs3, fold_kv(call.value).to(product_dtype))
         return unfold_scores(out3, call.batch, call.heads).to(call.value.dtype)
+
+    def run_lse(self, call: AttentionCall) -> Tuple[Tensor, Tensor]:
+        """:meth:`run` that also keeps the log-sum-exp of the masked scores (a separate path, so that ``run`` does no
+        extra work)."""
+        product_dtype = upcast_dtype(call.dtype) if self._options["upcast"] else call.dtype
+        scores3 = scaled_scores(fold_query(call.query, call.kv_heads), fold_kv(call.key), call.scale, product_dtype)
+        bias = call.mask.bias if call.mask is not None else None
+        probs, lse = softmax_with_lse(unfold_scores(scores3, call.batch, call.heads), bias, call.keep_mask())
+        if call.dropout_p > 0:
+            probs = F.dropout(probs, p=call.dropout_p, training=True)
+        probs3 = fold_scores(probs.to(product_dtype), call.kv_heads)
+        out3 = torch.bmm(probs3, fold_kv(call.value).to(product_dtype))
+        return unfold_scores(out3, call.batch, call.heads).to(call.value.dtype), lse.float()

@@ -8,7 +8,7 @@ causal single-query call gets an explicit mask (top-left causal: that query sees
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
 import torch
 from torch import Tensor
@@ -36,6 +36,7 @@ class NpuFusedInferKernel(Kernel):
     supports_dropout = False
     supports_grad = False
     supports_float_mask = False
+    supports_lse = True  # softmax_lse_flag=True
 
     def device_reasons(self) -> List[Reason]:
         return _ascend.npu_device_reasons()
@@ -76,9 +77,17 @@ class NpuFusedInferKernel(Kernel):
         return found
 
     def run(self, call: AttentionCall) -> Tensor:
+        return self._run(call, lse_flag=False)[0]
+
+    def run_lse(self, call: AttentionCall) -> Tuple[Tensor, Tensor]:
+        """``softmax_lse_flag=True``: the op's float32 ``(B, N, Sq, 1)`` log-sum-exp."""
+        out, lse = self._run(call, lse_flag=True)
+        return out, lse[..., 0]
+
+    def _run(self, call: AttentionCall, lse_flag: bool) -> Tuple[Tensor, Tensor]:
         torch_npu = self.package_status().module
         atten_mask, row_has_key, sparse_mode = _ascend.ascend_mask(call, per_head=False)
-        out, _lse = torch_npu.npu_fused_infer_attention_score(
+        out, lse = torch_npu.npu_fused_infer_attention_score(
             call.query.contiguous(),
             call.key.contiguous(),
             call.value.contiguous(),
@@ -91,5 +100,6 @@ class NpuFusedInferKernel(Kernel):
             input_layout="BNSD",
             sparse_mode=sparse_mode,
             inner_precise=0,
+            **({"softmax_lse_flag": True} if lse_flag else {}),
         )
-        return zero_fully_masked_rows(out, row_has_key)
+        return zero_fully_masked_rows(out, row_has_key), lse

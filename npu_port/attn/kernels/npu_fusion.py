@@ -8,7 +8,7 @@ query heads; batch up to 2M; sequences up to 1M.
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
 import torch
 from torch import Tensor
@@ -34,6 +34,7 @@ class NpuFusionKernel(Kernel):
     dtypes = (torch.float16, torch.bfloat16, torch.float32)
     max_head_dim = 768
     supports_float_mask = False
+    supports_lse = True  # softmax_max + log(softmax_sum), without gradients (the op's statistics are detached)
 
     def device_reasons(self) -> List[Reason]:
         return _ascend.npu_device_reasons()
@@ -54,9 +55,26 @@ class NpuFusionKernel(Kernel):
             found.append(
                 Reason("dropout", "dropout_p=1 would be keep_prob=0; npu_fusion_attention needs keep_prob in (0, 1]")
             )
+        if call.return_lse and call.needs_grad:
+            found.append(
+                Reason(
+                    "lse",
+                    "return_lse=True with gradients: npu_fusion_attention's softmax_max / softmax_sum carry no "
+                    "gradient; run under torch.no_grad() or use chunked",
+                )
+            )
         return found
 
     def run(self, call: AttentionCall) -> Tensor:
+        return self._outputs(call)[0]
+
+    def run_lse(self, call: AttentionCall) -> Tuple[Tensor, Tensor]:
+        """lse = softmax_max + log(softmax_sum): the op's statistics are float32 ``(B, N, Sq, 8)``, one value
+        repeated over the last axis (the max of the scaled masked scores, the sum of ``exp(score - max)``)."""
+        out, softmax_max, softmax_sum = self._outputs(call)
+        return out, softmax_max[..., 0] + torch.log(softmax_sum[..., 0])
+
+    def _outputs(self, call: AttentionCall) -> Tuple[Tensor, Tensor, Tensor]:
         torch_npu = self.package_status().module
         atten_mask, row_has_key, sparse_mode = _ascend.ascend_mask(call, per_head=True)
         outputs = torch_npu.npu_fusion_attention(
@@ -72,4 +90,4 @@ class NpuFusionKernel(Kernel):
             next_tockens=_ascend.NO_BAND_LIMIT,
             sparse_mode=sparse_mode,
         )
-        return zero_fully_masked_rows(outputs[0], row_has_key)
+        return zero_fully_masked_rows(outputs[0], row_has_key), outputs[1], outputs[2]

@@ -95,6 +95,7 @@ class SdpaKernel(Kernel):
     priority = 30
     default_selection = True
     listing_order = 20
+    supports_lse = True  # on cpu only, without dropout or gradients: see lse_reasons
     STRATEGY_OPTIONS = {"backends": FromStrategy("sdpa_backends")}
     #: torch's CPU flash kernel treats a row whose scores are all NaN as empty and writes zeros (a NaN query row, a
     #: head whose keys are all NaN); every other NaN it reads it passes on. (Under is_causal with fewer queries than
@@ -111,9 +112,12 @@ class SdpaKernel(Kernel):
     }
 
     def call_reasons(self, call: AttentionCall) -> List[Reason]:
+        found = self.lse_reasons(call) if call.return_lse else []
         backends = self._options["backends"]
         if backends is None:
-            return []
+            return found
+        if found:
+            return found
         if TORCH_VERSION < (2, 3):
             return [
                 Reason(
@@ -122,6 +126,31 @@ class SdpaKernel(Kernel):
                 )
             ]
         return self._pinned_backend_reasons(call, backends)
+
+    def lse_reasons(self, call: AttentionCall) -> List[Reason]:
+        """torch exposes the log-sum-exp of SDPA only through its private per-backend ops; the one used here is the
+        CPU flash kernel (``aten._scaled_dot_product_flash_attention_for_cpu``, which takes a mask and a scale). Its
+        logsumexp carries no gradient and it applies no dropout, so those calls are refused rather than answered
+        with a detached or undropped value."""
+        problems = []
+        if call.device.type != "cpu":
+            problems.append(f"on {call.device.type} torch exposes no SDPA log-sum-exp that npu-port uses")
+        if call.dropout_p > 0:
+            problems.append("the cpu flash kernel that returns it applies no dropout")
+        if call.needs_grad:
+            problems.append("its log-sum-exp carries no gradient")
+        backends = self._options["backends"]
+        if backends is not None and "flash" not in backends:
+            problems.append(f"it comes from the flash backend, and the pinned backends are {', '.join(backends)}")
+        if not problems:
+            return []
+        return [
+            Reason(
+                "lse",
+                f"return_lse=True: sdpa cannot return the log-sum-exp here ({'; '.join(problems)}); "
+                "use math or chunked",
+            )
+        ]
 
     def _pinned_backend_reasons(self, call: AttentionCall, backends: Tuple[str, ...]) -> List[Reason]:
         """Predict whether any pinned backend accepts the call, using torch's own checks where torch exposes them."""
@@ -218,3 +247,18 @@ class SdpaKernel(Kernel):
                 "or use the chunked kernel"
             ) from exc
         return zero_fully_masked_rows(out, row_has_key)
+
+    def run_lse(self, call: AttentionCall) -> Tuple[Tensor, Tensor]:
+        """The CPU flash kernel's ``(output, logsumexp)``: key/value heads expanded for grouped-query attention (the
+        op has no ``enable_gqa``), masks as for :meth:`run`. Rows given their keys back are -inf in the contract."""
+        mask, row_has_key, is_causal = sdpa_mask(call)
+        if mask is not None and mask.dtype == torch.bool:  # the op takes additive masks in the query's dtype only
+            mask = torch.zeros(mask.shape, dtype=call.dtype, device=call.device).masked_fill_(~mask, float("-inf"))
+        key, value = call.key, call.value
+        if call.group > 1:
+            key = key.repeat_interleave(call.group, dim=1)
+            value = value.repeat_interleave(call.group, dim=1)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            call.query, key, value, 0.0, is_causal, attn_mask=mask, scale=call.scale
+        )
+        return zero_fully_masked_rows(out, row_has_key), lse
