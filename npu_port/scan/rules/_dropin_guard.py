@@ -30,7 +30,11 @@ Adjacent imports (nothing but comments between them) share one ``try``. The impo
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, ClassVar, Dict, Iterator, List, Optional, Sequence
+
+from ..context import PythonFile
+from ..rule import Finding, Rule
+from ._imports import guardable, import_findings, names
 
 _INSTALL = "from npu_port.dropins import install_dropins\n"
 
@@ -125,3 +129,36 @@ def combine_guards(first: Any, second: Any) -> Optional[Any]:
         return None
     behind[0] = behind[0].with_changes(leading_lines=[*second.leading_lines, *behind[0].leading_lines])
     return _guarded([*ahead, *behind], first.leading_lines)
+
+
+class DropInImport(Rule):
+    """What NPU101 and NPU102 share: an unguarded import of what one drop-in serves (``handled_by`` names it), a
+    safe fix where :func:`._imports.guardable` says the statement can be guarded. A subclass sets ``broken``: what
+    the import needs that is missing without CUDA, for the message."""
+
+    severity = "handled"
+    targets = ("npu", "cpu", "gpu")
+    fix = "safe"
+    rewrites_statement = True
+    broken: ClassVar[str] = ""
+
+    def check(self, source: PythonFile) -> Iterator[Finding]:
+        def message(kinds, guard, place):
+            return (
+                f"{names(kinds)} imported unguarded {place}: fails without {self.broken}; served by the drop-in "
+                "under npu-port run, or guard it with the drop-in as fallback"
+            )
+
+        return import_findings(
+            self,
+            source,
+            lambda k, g: k.kind == "handled" and k.by == self.handled_by and g in ("unguarded", "lazy"),
+            message,
+            lambda node: "safe" if guardable(source, node) else "manual",
+        )
+
+    def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
+        return guard_import(node)
+
+    def combine(self, first: Any, second: Any) -> Optional[Any]:
+        return combine_guards(first, second)

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
-
-from ..context import PythonFile
-from ..rule import Finding, Rule, register_rule
-from ._dropin_guard import combine_guards, guard_import
-from ._imports import DROPIN_HANDLER, guardable, import_findings, names
+from ..rule import register_rule
+from ._dropin_guard import DropInImport
+from ._imports import DROPIN_HANDLER
 
 
 @register_rule
-class XformersImport(Rule):
+class XformersImport(DropInImport):
     """An unguarded import of ``xformers``, ``xformers.ops``, ``xformers.ops.fmha`` or its ``attn_bias``.
 
     xformers wheels are built against one torch and one CUDA: on an NPU, a CPU, or a GPU whose build does not match,
@@ -32,30 +29,6 @@ class XformersImport(Rule):
     code = "NPU102"
     name = "xformers-import"
     message = "unguarded xformers import: fails without a matching CUDA xformers build"
-    severity = "handled"
-    targets = ("npu", "cpu", "gpu")
-    fix = "safe"
-    rewrites_statement = True
     handled_by = DROPIN_HANDLER["xformers"]
     triggers = ("xformers",)
-
-    def check(self, source: PythonFile) -> Iterator[Finding]:
-        def message(kinds, guard, place):
-            return (
-                f"{names(kinds)} imported unguarded {place}: fails without a matching CUDA xformers build; served by "
-                "the drop-in under npu-port run, or guard it with the drop-in as fallback"
-            )
-
-        return import_findings(
-            self,
-            source,
-            lambda k, g: k.kind == "handled" and k.by == self.handled_by and g in ("unguarded", "lazy"),
-            message,
-            lambda node: "safe" if guardable(source, node) else "manual",
-        )
-
-    def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
-        return guard_import(node)
-
-    def combine(self, first: Any, second: Any) -> Optional[Any]:
-        return combine_guards(first, second)
+    broken = "a matching CUDA xformers build"
