@@ -144,3 +144,9 @@ class FallbackError(NpuPortError, ValueError):
 class RunError(NpuPortError, ValueError):
     """``npu-port run`` / ``npu_port.activate`` was given an entry point, watch folder or override it cannot use (a
     missing script or module, a malformed ``--override``, an attribute the overridden module does not have)."""
+
+
+class ParallelError(NpuPortError, ValueError):
+    """A multi-device layout that cannot work (heads not divisible by the Ulysses degree, a sequence shorter than the
+    ring, a model without a context-parallel plan, a process count that is not the layout's) or an attention call
+    the sequence-parallel path cannot compute faithfully; the message names the valid choices."""

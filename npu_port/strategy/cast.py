@@ -9,7 +9,7 @@ result against the math kernel on the original dtype like any other candidate.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import List
+from typing import List, Tuple
 
 import torch
 from torch import Tensor
@@ -68,8 +68,17 @@ class CastKernel(Kernel):
     def score_bytes(self, call: AttentionCall) -> int:
         return self.inner.score_bytes(stand_in_call(call, self.dtype))
 
+    @property
+    def supports_lse(self) -> bool:  # type: ignore[override]
+        return self.inner.supports_lse
+
     def run(self, call: AttentionCall) -> Tensor:
         return self.inner.run(cast_call(call, self.dtype)).to(call.dtype)
+
+    def run_lse(self, call: AttentionCall) -> Tuple[Tensor, Tensor]:
+        """The inner kernel's ``(out, lse)`` on the cast call; the lse is float32 whatever the compute dtype."""
+        out, lse = self.inner.run_lse(cast_call(call, self.dtype))
+        return out.to(call.dtype), lse
 
     def __repr__(self) -> str:
         return f"CastKernel({self.inner!r}, {dtype_name(self.dtype)})"

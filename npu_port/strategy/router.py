@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 import torch
 from torch import Tensor
 
-from ..attn.api import run_call
+from ..attn.api import run_call, run_call_lse
 from ..attn.call import AttentionCall
 from ..attn.contract import finish_unmasked
 from ..attn.kernels.base import Kernel
@@ -323,6 +323,25 @@ class StrategyRouter:
                     self._prepared.clear()
                 self._prepared[signature] = (_held_to_contract(runner, kernel, call), kernel.name)
         return run_call(call, kernel)
+
+    def attention_lse(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Optional[Tensor] = None,
+        *,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: Optional[float] = None,
+        enable_gqa: bool = False,
+    ) -> Tuple[Tensor, Tensor]:
+        """``(out, lse)`` with ``npu_port.attention(..., return_lse=True)``'s semantics, run by the kernel this
+        strategy picks among its candidates that return the log-sum-exp (lse calls are a bucket of their own):
+        what ring attention asks of the strategy for each block of keys."""
+        call = AttentionCall.from_arguments(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, True)
+        kernel, _ = self._select(call)
+        return run_call_lse(call, kernel)
 
     # ---- reporting --------------------------------------------------------------------------------------------
 

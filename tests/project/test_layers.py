@@ -35,6 +35,7 @@ LAYER = {
     "fallbacks": 4,
     "shims": 4,  # the old paths of dropins / fallbacks, deprecated (one release)
     "runtime": 4,
+    "parallel": 4,  # multi-device: diffusers context parallelism, CFG parallelism (uses integrations)
     "bench": 5,
     "doctor": 5,
     "scan": 4,  # read by runtime: npu-port run rewrites what a scan rule finds

@@ -1,0 +1,228 @@
+"""npu-port as a diffusers attention backend: ``"npu_port"`` in diffusers' attention dispatcher registry, with
+context parallelism, so that ``model.enable_parallelism(...)`` accepts it and its processors send every attention
+core here.
+
+Why a backend of our own: diffusers' CP machinery (``_cp_plan`` hooks, the device mesh) is right and we use it, but
+the backends it can run on an Ascend NPU cannot do ring attention (``_native_npu`` refuses ``return_lse``), and its
+ring passes each rank's mask to every rank's keys. Here each call goes to an npu-port kernel — the applied
+strategy's (its router, when a strategy routes the model), else :func:`npu_port.attention`'s choice — with masks
+widened once and ``is_causal`` kept; under context parallelism :mod:`.sequence` runs Ulysses / ring with the
+log-sum-exp.
+
+diffusers names its backends with the ``AttentionBackendName`` enum; the member ``NPU_PORT`` is added to it while the
+backend is registered and removed with it: :func:`register` is counted, and the last :func:`unregister` leaves the
+enum and the registry exactly as they were.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..attn.api import attention
+from ..integrations.diffusers.routing import current_route
+from .sequence import SequenceGroups, check_call, context_parallel_attention, gather_key_mask, key_mask
+
+#: The backend's name in diffusers (``model.set_attention_backend("npu_port")``) and its enum member's name.
+BACKEND = "npu_port"
+MEMBER = "NPU_PORT"
+
+_LOCK = threading.RLock()
+_USERS = 0
+
+
+class _GatheredMask:
+    """The last key mask gathered, kept while the same tensor (same version) comes back: a model's layers pass the
+    same mask object call after call, so it crosses the network once per forward, not once per layer."""
+
+    def __init__(self) -> None:
+        self.source: Optional["weakref.ref[Tensor]"] = None
+        self.version = -1
+        self.groups: Optional[SequenceGroups] = None
+        self.gathered: Optional[Tensor] = None
+
+    def get(self, mask: Tensor, groups: SequenceGroups) -> Tensor:
+        source = self.source() if self.source is not None else None
+        if source is mask and self.version == mask._version and self.groups is groups and self.gathered is not None:
+            return self.gathered
+        gathered = gather_key_mask(mask, groups)
+        self.source, self.version, self.groups, self.gathered = weakref.ref(mask), mask._version, groups, gathered
+        return gathered
+
+
+_MASKS = threading.local()
+
+
+def _gathered(mask: Tensor, groups: SequenceGroups) -> Tensor:
+    cache = getattr(_MASKS, "cache", None)
+    if cache is None:
+        cache = _MASKS.cache = _GatheredMask()
+    return cache.get(mask, groups)
+
+
+def _kernels() -> Tuple[Callable[..., Tensor], Callable[..., Tuple[Tensor, Tensor]]]:
+    """The attention function and its log-sum-exp form for this call: the active route's (a strategy's router),
+    else npu_port.attention with the active selector."""
+    route = current_route()
+    function = route.attention_fn if route is not None else None
+    with_lse = getattr(function, "attention_lse", None)
+    if function is None:
+        function = attention
+    if with_lse is None:
+
+        def with_lse(*args: Any, **kwargs: Any) -> Tuple[Tensor, Tensor]:
+            return attention(*args, return_lse=True, **kwargs)
+
+    return function, with_lse
+
+
+def _groups(cp: Any) -> SequenceGroups:
+    """The groups of a diffusers ``ContextParallelConfig``, read once and kept on it (an unhashable dataclass)."""
+    groups = getattr(cp, "_npu_port_groups", None)
+    if groups is None:
+        groups = SequenceGroups.from_config(cp)
+        cp._npu_port_groups = groups
+    return groups
+
+
+def npu_port_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+    _parallel_config: Any = None,
+):
+    """The backend: diffusers' ``(B, S, H, D)`` layout in and out; ``lse`` as ``(B, S, H)`` float32."""
+    function, with_lse = _kernels()
+    options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale, "enable_gqa": enable_gqa}
+    cp = getattr(_parallel_config, "context_parallel_config", None)
+    if cp is None:
+        if attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape == (query.shape[0], key.shape[1]):
+            attn_mask = attn_mask[:, None, None, :]  # (B, S_kv) as diffusers' native backend reads it
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+        if return_lse:
+            out, lse = with_lse(q, k, v, attn_mask, **options)
+            return out.transpose(1, 2), lse.transpose(1, 2)
+        return function(q, k, v, attn_mask, **options).transpose(1, 2)
+    groups = _groups(cp)
+    check_call(query, key, value, dropout_p, is_causal, enable_gqa, groups)
+    mask = key_mask(attn_mask, query.shape[0], query.shape[2], key.shape[1])
+    if mask is not None:
+        mask = _gathered(mask, groups)
+
+    def attend(q: Tensor, k: Tensor, v: Tensor, m: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        out, lse = with_lse(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), m, scale=scale)
+        return out.transpose(1, 2), lse.transpose(1, 2)
+
+    return context_parallel_attention(query, key, value, mask, groups, attend, return_lse)
+
+
+# ---- registration -----------------------------------------------------------------------------------------------
+
+
+class _Saved:
+    """What registration changed, to put back exactly: dict entries (absent ones are deleted again)."""
+
+    entries: List[Tuple[Dict[Any, Any], Any, Any]] = []
+    attributes: List[Tuple[type, str, Any]] = []
+    names: Optional[List[str]] = None
+    in_cp_set = False
+
+
+_MISSING = object()
+
+
+def _set_entry(table: Dict[Any, Any], key: Any, value: Any) -> None:
+    _Saved.entries.append((table, key, table.get(key, _MISSING)))
+    table[key] = value
+
+
+def _dispatch() -> Any:
+    from diffusers.models import attention_dispatch
+
+    return attention_dispatch
+
+
+def _add_member(names: type) -> Any:
+    """``AttentionBackendName.NPU_PORT = "npu_port"``, added to the enum as if it had been declared."""
+    member = str.__new__(names, BACKEND)
+    member._name_ = MEMBER
+    member._value_ = BACKEND
+    _set_entry(names._member_map_, MEMBER, member)
+    _set_entry(names._value2member_map_, BACKEND, member)
+    _Saved.names = list(names._member_names_)
+    names._member_names_.append(MEMBER)
+    _Saved.attributes.append((names, MEMBER, vars(names).get(MEMBER, _MISSING)))
+    type.__setattr__(names, MEMBER, member)
+    return member
+
+
+def register() -> Any:
+    """Register the backend with diffusers (counted; the first call does the work). Returns the enum member."""
+    global _USERS
+    with _LOCK:
+        dispatch = _dispatch()
+        names, registry = dispatch.AttentionBackendName, dispatch._AttentionBackendRegistry
+        if _USERS == 0:
+            member = _add_member(names)
+            _set_entry(registry._backends, member, npu_port_attention)
+            _set_entry(registry._constraints, member, [])
+            _set_entry(registry._supported_arg_names, member, set(inspect.signature(npu_port_attention).parameters))
+            _Saved.in_cp_set = BACKEND in registry._supports_context_parallel
+            registry._supports_context_parallel.add(BACKEND)
+        _USERS += 1
+        return names(BACKEND)
+
+
+def unregister() -> None:
+    """One user fewer; the last one puts diffusers' enum and registry back exactly as they were."""
+    global _USERS
+    with _LOCK:
+        if _USERS == 0:
+            return
+        _USERS -= 1
+        if _USERS:
+            return
+        registry = _dispatch()._AttentionBackendRegistry
+        if not _Saved.in_cp_set:
+            registry._supports_context_parallel.discard(BACKEND)
+        for owner, name, old in reversed(_Saved.attributes):
+            if old is _MISSING:
+                type.__delattr__(owner, name)
+            else:
+                type.__setattr__(owner, name, old)
+        if _Saved.names is not None:
+            names = _dispatch().AttentionBackendName
+            names._member_names_[:] = _Saved.names
+        for table, key, old in reversed(_Saved.entries):
+            if old is _MISSING:
+                table.pop(key, None)
+            else:
+                table[key] = old
+        _Saved.entries, _Saved.attributes, _Saved.names = [], [], None
+
+
+def registered() -> bool:
+    with _LOCK:
+        return _USERS > 0
+
+
+def attention_processors(model: torch.nn.Module) -> List[Any]:
+    """The processors of ``model``'s diffusers attention modules that take a dispatcher backend (those with an
+    ``_attention_backend`` attribute: the ones ``enable_parallelism`` configures), each once."""
+    seen: Dict[int, Any] = {}
+    for module in model.modules():
+        processor = getattr(module, "processor", None)
+        if processor is not None and hasattr(processor, "_attention_backend"):
+            seen.setdefault(id(processor), processor)
+    return list(seen.values())

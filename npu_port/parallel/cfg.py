@@ -1,0 +1,185 @@
+"""Classifier-free guidance over two ranks: one computes the conditional half, the other the unconditional one, and
+the two results are exchanged once per step.
+
+Pipelines run guidance in one of two ways, and both are handled by a diffusers hook on the denoiser:
+
+* ``batch`` — one call on the concatenated batch (Stable Diffusion, SDXL, SD3, PixArt, DiT:
+  ``torch.cat([latents] * 2)``): each rank runs its half of the batch; the halves are gathered back.
+* ``alternate`` — two calls per step, conditional first (Flux's true CFG, Wan, QwenImage, under diffusers'
+  ``cache_context("cond")`` / ``("uncond")``): rank 0 runs the first call, rank 1 the second, and each returns at once
+  from the call it skips. The exchange happens in the second call: rank 0 gets the unconditional result as that
+  call's output; rank 1 fills the placeholder it returned from the first call, in place, before the pipeline combines
+  the two. The placeholder starts as NaN, so a pipeline that read it before the second call would end in a
+  non-finite image — which ``npu-port infer`` refuses — never in a silently wrong one.
+
+Both ranks keep the same latents (same seed) and run the same scheduler steps. ``auto`` picks the mode from the
+pipeline's ``__call__`` (diffusers marks the two-call form with ``cache_context("uncond")``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..errors import ParallelError
+from .sequence import all_gather_stacked
+
+CFG_MODES = ("auto", "batch", "alternate")
+HOOK_NAME = "npu_port_cfg_parallel"
+
+
+def guidance_mode(pipe: Any, requested: str = "auto") -> str:
+    """``batch`` or ``alternate`` for ``pipe`` (see the module docstring), or one clear error."""
+    if requested not in CFG_MODES:
+        raise ParallelError(f"unknown cfg mode {requested!r}; valid modes: {', '.join(CFG_MODES)}")
+    if requested != "auto":
+        return requested
+    try:
+        source = inspect.getsource(type(pipe).__call__)
+    except (OSError, TypeError):
+        source = ""
+    if 'cache_context("uncond")' in source:
+        return "alternate"
+    if "[latents] * 2" in source or "[latent_model_input] * 2" in source:
+        return "batch"
+    raise ParallelError(
+        f"cannot tell how {type(pipe).__name__} runs classifier-free guidance (one call on a doubled batch, or a "
+        "conditional then an unconditional call); pass cfg_mode='batch' or cfg_mode='alternate'"
+    )
+
+
+def _output_tensor(output: Any) -> Tensor:
+    if isinstance(output, Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        return output[0]
+    sample = getattr(output, "sample", None)
+    if isinstance(sample, Tensor):
+        return sample
+    raise ParallelError(f"CFG parallel: the denoiser returned {type(output).__name__}, not a tensor or a sample")
+
+
+def _with_tensor(output: Any, tensor: Tensor) -> Any:
+    if isinstance(output, Tensor):
+        return tensor
+    if isinstance(output, tuple):
+        return (tensor,) + tuple(output[1:])
+    if isinstance(output, list):
+        return [tensor] + list(output[1:])
+    output.sample = tensor
+    return output
+
+
+def _hidden_states(args: Tuple[Any, ...], kwargs: dict) -> Tensor:
+    for name in ("hidden_states", "sample"):
+        if isinstance(kwargs.get(name), Tensor):
+            return kwargs[name]
+    if args and isinstance(args[0], Tensor):
+        return args[0]
+    raise ParallelError("CFG parallel: the denoiser was called without hidden_states / sample")
+
+
+class GuidanceSplitHook:
+    """The diffusers ``ModelHook`` (built by :func:`make_hook`) that runs one guidance half per rank."""
+
+    def __init__(self, mode: str, group: Any, rank: int) -> None:
+        self.mode = mode
+        self.group = group
+        self.rank = rank  # alternate: 0 runs the first (conditional) call, 1 the second; batch: 0 the first half
+        self.calls = 0
+        self.placeholder: Optional[Tensor] = None  # rank 1's answer to the first call, filled in the second
+        self.sent: Optional[Tensor] = None  # rank 0's conditional result, sent in the second call
+        self.exchanges = 0
+
+    # ---- batch ----------------------------------------------------------------------------------------------
+
+    def _batch(self, forward: Any, args: Tuple[Any, ...], kwargs: dict) -> Any:
+        batch = _hidden_states(args, kwargs).shape[0]
+        if batch % 2:
+            raise ParallelError(
+                f"CFG parallel (batch mode): the denoiser got a batch of {batch}, not the doubled batch of a guided "
+                "step; run without cfg parallelism, or with cfg_mode='alternate' for a pipeline that calls twice"
+            )
+        half = batch // 2
+
+        def mine(value: Any) -> Any:
+            if isinstance(value, Tensor) and value.ndim and value.shape[0] == batch:
+                return value[self.rank * half : (self.rank + 1) * half]
+            return value
+
+        output = forward(*(mine(a) for a in args), **{k: mine(v) for k, v in kwargs.items()})
+        tensor = _output_tensor(output)
+        both = all_gather_stacked(tensor, self.group, 2)
+        self.exchanges += 1
+        return _with_tensor(output, torch.cat([both[0], both[1]]))
+
+    # ---- alternate ------------------------------------------------------------------------------------------
+
+    def _alternate(self, forward: Any, args: Tuple[Any, ...], kwargs: dict) -> Any:
+        first = self.calls % 2 == 0
+        self.calls += 1
+        hidden = _hidden_states(args, kwargs)
+        if first:
+            if self.rank == 1:  # the conditional call is rank 0's: answer at once, filled in the second call
+                self.placeholder = torch.full_like(hidden, float("nan"))
+                return _shaped_output(self.placeholder, kwargs)
+            output = forward(*args, **kwargs)
+            self.sent = _same_shape(_output_tensor(output), hidden)  # exchanged in the second call
+            return output
+        if self.rank == 0:  # the unconditional call is rank 1's
+            both = all_gather_stacked(self.sent, self.group, 2)
+            self.sent = None
+            self.exchanges += 1
+            return _shaped_output(both[1], kwargs)
+        output = forward(*args, **kwargs)
+        both = all_gather_stacked(_same_shape(_output_tensor(output), hidden), self.group, 2)
+        self.exchanges += 1
+        self.placeholder.copy_(both[0])
+        self.placeholder = None
+        return output
+
+    def run(self, forward: Any, args: Tuple[Any, ...], kwargs: dict) -> Any:
+        if self.mode == "batch":
+            return self._batch(forward, args, kwargs)
+        return self._alternate(forward, args, kwargs)
+
+
+def _same_shape(output: Tensor, hidden: Tensor) -> Tensor:
+    if output.shape != hidden.shape:
+        raise ParallelError(
+            "CFG parallel (alternate mode) needs the denoiser's output shaped like its hidden_states input (got "
+            f"{tuple(output.shape)} for {tuple(hidden.shape)}); use cfg_mode='batch' with a pipeline that batches "
+            "guidance"
+        )
+    return output
+
+
+def _shaped_output(tensor: Tensor, kwargs: dict) -> Any:
+    """``tensor`` as the denoiser returns its output: a 1-tuple with ``return_dict=False``, else diffusers'
+    ``Transformer2DModelOutput``."""
+    if kwargs.get("return_dict", True) is False:
+        return (tensor,)
+    from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+    return Transformer2DModelOutput(sample=tensor)
+
+
+def make_hook(mode: str, group: Any, rank: int) -> Any:
+    """A diffusers ``ModelHook`` running :class:`GuidanceSplitHook` around the denoiser's forward."""
+    from diffusers.hooks import ModelHook
+
+    class CFGParallelHook(ModelHook):
+        def __init__(self) -> None:
+            super().__init__()
+            self.split = GuidanceSplitHook(mode, group, rank)
+
+        def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            return self.split.run(self.fn_ref.original_forward, args, kwargs)
+
+        def reset_state(self, module: torch.nn.Module) -> None:
+            self.split.calls, self.split.placeholder, self.split.sent = 0, None, None
+
+    return CFGParallelHook()

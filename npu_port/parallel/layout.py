@@ -1,0 +1,121 @@
+"""A multi-device layout — Ulysses degree x ring degree x (2 with CFG parallelism) — and its checks: each impossible
+layout is refused with one line naming the valid choices, before any process starts or any weight is loaded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, List, Optional
+
+from ..errors import ParallelError
+
+
+def divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """How ``nproc`` ranks share one generation: the sequence split ``ulysses * ring`` ways (context parallelism),
+    times two when the conditional and unconditional halves of classifier-free guidance run on different ranks."""
+
+    ulysses: int = 1
+    ring: int = 1
+    cfg: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("ulysses", "ring"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ParallelError(f"--{name} must be a whole number >= 1, got {value!r}")
+
+    @property
+    def sequence(self) -> int:
+        """Ranks one sequence is split over."""
+        return self.ulysses * self.ring
+
+    @property
+    def world(self) -> int:
+        return self.sequence * (2 if self.cfg else 1)
+
+    @property
+    def context_parallel(self) -> bool:
+        return self.sequence > 1
+
+    def describe(self) -> str:
+        parts = [f"ulysses {self.ulysses}", f"ring {self.ring}"]
+        if self.cfg:
+            parts.append("cfg-parallel 2")
+        return " x ".join(parts) + f" = {self.world} process{'es' if self.world != 1 else ''}"
+
+    @classmethod
+    def for_processes(cls, nproc: int, ulysses: Optional[int], ring: Optional[int], cfg: bool) -> "ParallelLayout":
+        """The layout for ``--nproc N`` with what was given; a degree left out takes the ranks that remain (Ulysses
+        first: it needs no log-sum-exp and moves less), and a product that is not N is refused with the choices."""
+        if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+            raise ParallelError(f"--nproc must be a whole number >= 1, got {nproc!r}")
+        halves = 2 if cfg else 1
+        if nproc % halves:
+            raise ParallelError(f"--cfg-parallel needs an even --nproc (one half of guidance per rank), got {nproc}")
+        sequence = nproc // halves
+        if ulysses is None and ring is None:
+            ulysses, ring = sequence, 1
+        elif ulysses is None:
+            ulysses = sequence // ring if ring and sequence % ring == 0 else 0
+        elif ring is None:
+            ring = sequence // ulysses if ulysses and sequence % ulysses == 0 else 0
+        if not ulysses or not ring or ulysses * ring != sequence:
+            pairs = ", ".join(f"--ulysses {u} --ring {sequence // u}" for u in divisors(sequence))
+            what = f"{nproc} processes" + (" with --cfg-parallel (2 guidance halves)" if cfg else "")
+            raise ParallelError(
+                f"--ulysses {ulysses or '?'} x --ring {ring or '?'} does not fill {what}: the sequence is split over "
+                f"{sequence} ranks; valid layouts: {pairs}"
+            )
+        return cls(ulysses, ring, cfg)
+
+
+def check_heads(heads: int, layout: ParallelLayout, anything: bool = False) -> None:
+    """Ulysses gives each rank ``heads / U`` heads."""
+    if layout.ulysses > 1 and heads % layout.ulysses and not anything:
+        raise ParallelError(
+            f"the model has {heads} attention heads, which do not split over --ulysses {layout.ulysses}; valid "
+            f"Ulysses degrees: {', '.join(map(str, divisors(heads)))} (or the ulysses_anything variant, which pads "
+            "the heads)"
+        )
+
+
+def check_sequence(name: str, length: int, layout: ParallelLayout) -> None:
+    """A sequence split over the context-parallel ranks must give each at least one token, evenly."""
+    ranks = layout.sequence
+    if ranks > 1 and (length < ranks or length % ranks):
+        shorter = "is shorter than" if length < ranks else "does not split evenly over"
+        valid = [d for d in divisors(length) if d <= 64]
+        raise ParallelError(
+            f"{name} of {length} tokens {shorter} the {ranks} context-parallel ranks (ulysses {layout.ulysses} x ring "
+            f"{layout.ring}); valid ulysses x ring products for it: {', '.join(map(str, valid))}"
+        )
+
+
+def models_with_plans(candidates: Optional[Iterable[Any]] = None) -> List[str]:
+    """The diffusers model classes that carry a context-parallel plan (``_cp_plan``), by name."""
+    if candidates is None:
+        import diffusers
+
+        names = [n for n in getattr(diffusers, "_import_structure", {}).get("models", []) if n[:1].isupper()]
+        candidates = []
+        for name in names:
+            try:
+                candidates.append(getattr(diffusers, name))
+            except Exception:  # an optional dependency missing for one model: it cannot be used here anyway
+                continue
+    found = {c.__name__ for c in candidates if isinstance(c, type) and getattr(c, "_cp_plan", None)}
+    return sorted(found)
+
+
+def check_plan(model: Any) -> None:
+    """A model without a context-parallel plan cannot be split: say which models have one."""
+    if getattr(model, "_cp_plan", None):
+        return
+    raise ParallelError(
+        f"{type(model).__name__} has no context-parallel plan (_cp_plan), so its sequence cannot be split; models "
+        f"with one: {', '.join(models_with_plans())}. Use --cfg-parallel alone, or pass a cp_plan"
+    )

@@ -1,0 +1,296 @@
+"""This process's part in a multi-device generation, and the switch that makes a diffusers pipeline use it.
+
+``start()`` joins the process group that torchrun (or ``npu-port infer --nproc``) set up — the device's own backend
+(hccl, nccl, gloo), one device per rank (``LOCAL_RANK``) — and builds one device mesh ("cfg", "ring", "ulysses").
+``parallelize(pipe)`` then, with diffusers' own machinery:
+
+* context parallelism: npu-port's attention backend (:mod:`.backend`) on every processor, then
+  ``enable_parallelism(ContextParallelConfig(...))`` with the mesh's ("ring", "ulysses") part, so the model's
+  ``_cp_plan`` hooks split and gather the sequence; a check before each split says which input cannot be split;
+* CFG parallelism: the hook of :mod:`.cfg` on the denoiser, over the mesh's "cfg" dimension.
+
+Everything is undone by the handle's ``restore()``: hooks removed, processors' backends and parallel configs back,
+the backend unregistered from diffusers when its last user goes.
+
+    session = npu_port.parallel.start(ulysses=2, ring=1, cfg_parallel=True)     # under torchrun --nproc-per-node 4
+    handle = session.parallelize(pipe)
+    image = pipe(prompt, generator=torch.Generator("cpu").manual_seed(0)).images[0]
+    if session.is_main: image.save("out.png")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, List, Optional
+
+import torch
+
+from .. import _patching
+from ..device import get_device
+from ..device.distributed import default_backend
+from ..errors import ParallelError
+from .layout import ParallelLayout, check_heads, check_plan, check_sequence
+
+#: How long a collective may wait: the first step on an NPU compiles graphs for minutes, and a rank that is still
+#: compiling must not be taken for a dead one (HCCL's own timeouts are set by the launcher, see .launch).
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+def _env_int(name: str) -> Optional[int]:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ParallelError(f"environment variable {name}={value!r} is not a whole number") from None
+
+
+def _rank_device(device_type: str, local_rank: int) -> torch.device:
+    """One device per rank: ``LOCAL_RANK`` on an accelerator (set as the current device), the cpu otherwise."""
+    if device_type == "cpu":
+        return torch.device("cpu")
+    device = torch.device(device_type, local_rank)
+    module = getattr(torch, device_type, None)
+    if module is not None and hasattr(module, "set_device"):
+        module.set_device(device)
+    return device
+
+
+@dataclass
+class ParallelSession:
+    """This rank in a layout: its device, the mesh, and whether it created the process group (then ``close`` ends
+    it)."""
+
+    layout: ParallelLayout
+    device: torch.device
+    rank: int
+    world: int
+    mesh: Any
+    owns_group: bool = False
+    handles: List["ParallelHandle"] = field(default_factory=list)
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that writes files and prints."""
+        return self.rank == 0
+
+    @property
+    def cfg_rank(self) -> int:
+        return self.mesh.get_local_rank("cfg")
+
+    def parallelize(self, target: Any, *, cfg_mode: str = "auto", anything: bool = False) -> "ParallelHandle":
+        """Make ``target`` (a pipeline with a ``transformer`` or ``unet``, or the model itself) run on this layout;
+        undo with the handle's ``restore()``. ``anything``: diffusers' ``ulysses_anything`` (any head count)."""
+        denoiser = _denoiser(target)
+        handle = ParallelHandle()
+        try:
+            if self.layout.context_parallel:
+                _enable_context_parallel(denoiser, self, anything, handle)
+            if self.layout.cfg:
+                from .cfg import HOOK_NAME, guidance_mode, make_hook
+
+                if denoiser is target and cfg_mode == "auto":
+                    raise ParallelError("CFG parallel on a bare model: pass cfg_mode='batch' or 'alternate'")
+                mode = guidance_mode(target, cfg_mode)
+                hook = make_hook(mode, self.mesh.get_group("cfg"), self.cfg_rank)
+                _register_hook(denoiser, hook, HOOK_NAME, handle)
+                handle.cfg = hook.split
+        except BaseException:
+            handle.restore()
+            raise
+        self.handles.append(handle)
+        return handle
+
+    def close(self) -> None:
+        """Undo every ``parallelize`` and end the process group if this session started it."""
+        for handle in reversed(self.handles):
+            handle.restore()
+        self.handles.clear()
+        if self.owns_group:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self.owns_group = False
+
+
+class ParallelHandle:
+    """What one ``parallelize`` changed, undone in reverse by ``restore()`` (idempotent)."""
+
+    def __init__(self) -> None:
+        self._undo: List[Callable[[], None]] = []
+        self.cfg: Any = None  # the CFG split (its exchange count), when CFG parallelism is on
+
+    def on_restore(self, undo: Callable[[], None]) -> None:
+        self._undo.append(undo)
+
+    def restore(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+def _denoiser(target: Any) -> torch.nn.Module:
+    for name in ("transformer", "unet"):
+        model = getattr(target, name, None)
+        if isinstance(model, torch.nn.Module):
+            return model
+    if isinstance(target, torch.nn.Module):
+        return target
+    raise ParallelError(f"{type(target).__name__} has neither a transformer nor a unet to parallelize")
+
+
+def _register_hook(module: torch.nn.Module, hook: Any, name: str, handle: ParallelHandle) -> None:
+    from diffusers.hooks import HookRegistry
+
+    registry = HookRegistry.check_if_exists_or_initialize(module)
+    registry.register_hook(hook, name)
+    handle.on_restore(lambda: registry.remove_hook(name, recurse=False))
+
+
+@contextlib.contextmanager
+def _one_device_per_cpu_rank(device: torch.device) -> Iterator[None]:
+    """diffusers places rank r on ``rank % torch.accelerator.device_count()``: 0 on a machine without an
+    accelerator, a ZeroDivisionError. On a cpu the count is taken as 1 for the call (every rank on "cpu")."""
+    patch = None
+    accelerator = getattr(torch, "accelerator", None)
+    if device.type == "cpu" and accelerator is not None and accelerator.device_count() == 0:
+        patch = _patching.replace(accelerator, "device_count", lambda: 1, key="npu_port.parallel")
+    try:
+        yield
+    finally:
+        if patch is not None:
+            _patching.release(patch)
+
+
+def _enable_context_parallel(model: torch.nn.Module, session: ParallelSession, anything: bool, handle) -> None:
+    from diffusers import ContextParallelConfig
+
+    from . import backend
+
+    layout = session.layout
+    check_plan(model)
+    heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
+    if isinstance(heads, int):
+        check_heads(heads, layout, anything)
+    member = backend.register()
+    handle.on_restore(backend.unregister)
+    processors = backend.attention_processors(model)
+    saved = [(p, p._attention_backend, getattr(p, "_parallel_config", None)) for p in processors]
+
+    def put_back() -> None:
+        for processor, old_backend, old_config in saved:
+            processor._attention_backend = old_backend
+            if hasattr(processor, "_parallel_config"):
+                processor._parallel_config = old_config
+
+    handle.on_restore(put_back)
+    for processor in processors:
+        processor._attention_backend = member
+    config = ContextParallelConfig(
+        ulysses_degree=layout.ulysses,
+        ring_degree=layout.ring,
+        mesh=session.mesh["ring", "ulysses"],
+        ulysses_anything=anything and layout.ulysses > 1 and layout.ring == 1,
+    )
+    plan = model._cp_plan
+    had_config = "_parallel_config" in vars(model)
+    with _one_device_per_cpu_rank(session.device):
+        model.enable_parallelism(config=config)
+
+    def disable() -> None:
+        from diffusers.hooks.context_parallel import remove_context_parallel
+
+        remove_context_parallel(model, plan)
+        if not had_config:
+            vars(model).pop("_parallel_config", None)
+
+    handle.on_restore(disable)
+    _add_split_checks(model, plan, layout, handle)
+
+
+def _add_split_checks(model: torch.nn.Module, plan: dict, layout: ParallelLayout, handle: ParallelHandle) -> None:
+    """Before each split of the plan, check the input splits evenly (diffusers' own check is a bare assert)."""
+    from diffusers.hooks import ModelHook
+    from diffusers.hooks.context_parallel import ModuleForwardMetadata, _get_submodule_by_name
+    from diffusers.models._modeling_parallel import ContextParallelInput
+
+    class SplitCheck(ModelHook):
+        def __init__(self, where: str, inputs: dict) -> None:
+            super().__init__()
+            self.where, self.inputs, self.metadata = where, inputs, None
+
+        def initialize_hook(self, module: torch.nn.Module) -> torch.nn.Module:
+            self.metadata = ModuleForwardMetadata(_cls=type(module))
+            return module
+
+        def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any):
+            for name, spec in self.inputs.items():
+                if not isinstance(spec, ContextParallelInput) or spec.split_output:
+                    continue
+                try:
+                    value, _, _ = self.metadata._get_parameter_from_args_kwargs(name, list(args), kwargs)
+                except ValueError:  # not passed at all: diffusers' own split hook says so
+                    continue
+                dims_match = spec.expected_dims is None or getattr(value, "ndim", None) == spec.expected_dims
+                if isinstance(value, torch.Tensor) and dims_match:
+                    label = f"input {name!r} of {self.where or type(module).__name__}"
+                    check_sequence(label, int(value.shape[spec.split_dim]), layout)
+            return args, kwargs
+
+    for where, inputs in plan.items():
+        if not isinstance(inputs, dict):
+            continue
+        modules = _get_submodule_by_name(model, where)
+        for module in modules if isinstance(modules, list) else [modules]:
+            _register_hook(module, SplitCheck(where, inputs), f"npu_port_cp_check---{where}", handle)
+
+
+def start(
+    layout: Optional[ParallelLayout] = None,
+    *,
+    ulysses: int = 1,
+    ring: int = 1,
+    cfg_parallel: bool = False,
+    device: Any = None,
+) -> ParallelSession:
+    """Join (or start) the process group for ``layout`` on this rank's device and build the mesh.
+
+    Under torchrun the environment gives RANK / WORLD_SIZE / LOCAL_RANK; a process started alone is a world of one
+    (a layout of one process). The process count must be the layout's."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    layout = layout or ParallelLayout(ulysses, ring, cfg_parallel)
+    local_rank = _env_int("LOCAL_RANK") or 0
+    kind = get_device(device).type
+    rank_device = _rank_device(kind, local_rank)
+    owns = False
+    if not dist.is_initialized():
+        world = _env_int("WORLD_SIZE")
+        if world is None:
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29500")
+            os.environ.setdefault("RANK", "0")
+            os.environ.setdefault("WORLD_SIZE", "1")
+        dist.init_process_group(
+            default_backend(rank_device),
+            timeout=COLLECTIVE_TIMEOUT,
+            device_id=rank_device if kind != "cpu" else None,
+        )
+        owns = True
+    world = dist.get_world_size()
+    if world != layout.world:
+        if owns:
+            dist.destroy_process_group()
+        raise ParallelError(
+            f"{layout.describe()}, but {world} process{'es were' if world != 1 else ' was'} started; start "
+            f"{layout.world} (torchrun --nproc-per-node {layout.world}) or change the layout"
+        )
+    mesh = init_device_mesh(
+        kind, (2 if layout.cfg else 1, layout.ring, layout.ulysses), mesh_dim_names=("cfg", "ring", "ulysses")
+    )
+    return ParallelSession(layout, rank_device, dist.get_rank(), world, mesh, owns)
