@@ -50,6 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     image.add_argument("--guidance-scale", type=float, default=4.0)
     image.add_argument("--vae-slicing", action="store_true", help="decode images one at a time (less memory)")
     image.add_argument("--vae-tiling", action="store_true", help="decode in tiles (large images in less memory)")
+    parallel = parser.add_argument_group("several devices (torch.distributed; README_NPU.md)")
+    parallel.add_argument("--nproc", type=int, default=1,
+                          help="processes, one device each (started through torchrun's launcher)")  # fmt: skip
+    parallel.add_argument("--ulysses", type=int, default=None,
+                          help="Ulysses degree: heads exchanged for sequence (default: the ranks left)")  # fmt: skip
+    parallel.add_argument("--ring", type=int, default=None, help="ring degree: keys passed round (default 1)")
+    parallel.add_argument("--cfg-parallel", action="store_true",
+                          help="conditional and unconditional halves of guidance on two ranks")  # fmt: skip
     output = parser.add_argument_group("output")
     output.add_argument("--output", default="outputs/npu-port.png", help="image path (default outputs/npu-port.png)")
     output.add_argument("--report", default=None, help="JSON report path (default: the image path with .json)")
@@ -104,6 +112,7 @@ class _Plan:
     request: Any  # GenerationRequest
     outputs: Any  # npu_port.infer.paths.OutputPlan
     cache: Any  # npu_port.infer.paths.CacheLocation
+    layout: Any = None  # npu_port.parallel.ParallelLayout for --nproc > 1, else None
 
 
 def _preflight(args: argparse.Namespace) -> _Plan:
@@ -143,11 +152,29 @@ def _preflight(args: argparse.Namespace) -> _Plan:
         raise InferenceError(f"--text-encoder-device: {args.model!r} is class-conditional and has no text encoder")
     compare = check_strategies(args.compare.split(",")) if args.compare else None
     check_strategy(strategy)
+    layout = _layout(args)
     outputs = plan_outputs(args.output, args.report, compare)
     cache, warning = cache_location()
     if warning:
         print(f"npu-port: {warning}", file=sys.stderr)
-    return _Plan(strategy, compare, device, dtype, encoder_device, request, outputs, cache)
+    return _Plan(strategy, compare, device, dtype, encoder_device, request, outputs, cache, layout)
+
+
+def _layout(args: argparse.Namespace):
+    """The multi-device layout for --nproc > 1 (None for one process), with what cannot be combined with it."""
+    from ..errors import InferenceError
+
+    parallel = args.ulysses is not None or args.ring is not None or args.cfg_parallel
+    if args.nproc == 1 and not parallel:
+        return None
+    if args.nproc == 1:
+        raise InferenceError("--ulysses / --ring / --cfg-parallel need --nproc N (the processes to split over)")
+    for flag, value in (("--compare", args.compare), ("--text-encoder-device", args.text_encoder_device)):
+        if value:
+            raise InferenceError(f"{flag} runs in one process; leave it out with --nproc {args.nproc}")
+    from ..parallel import ParallelLayout
+
+    return ParallelLayout.for_processes(args.nproc, args.ulysses, args.ring, args.cfg_parallel)
 
 
 def _image_files(
@@ -175,6 +202,9 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
     from ..device import device_name
     from ..infer import compare_strategies, generate, load_pipeline
     from ..infer.saving import write_set
+
+    if plan.layout is not None:
+        return _execute_parallel(args, plan, written)
 
     npu_options = None
     if args.profile:
@@ -239,6 +269,57 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
         )
         return 1
     print(f"image: {plan.outputs.image}; report: {report_path}")
+    return 0
+
+
+def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
+    """--nproc N: the ranks generate, this process writes rank 0's image and the report (with every rank's timing)."""
+    from ..device import device_name
+    from ..infer.multi import rank_lines, run_parallel
+    from ..infer.saving import write_set
+
+    if args.profile:
+        from ..npu_setup import apply_npu_options
+
+        apply_npu_options(args.profile)  # checked here; each rank's environment inherits it
+    dtype = str(plan.dtype).replace("torch.", "")
+    result, ranks = run_parallel(
+        args.model,
+        plan.device.type,
+        dtype,
+        plan.request,
+        plan.layout,
+        plan.cache,
+        not args.no_progress,
+        on_build=lambda message: print(f"npu-port: {message}", file=sys.stderr),
+    )
+    report: Dict[str, Any] = {
+        "device": plan.device.type,
+        "device_name": device_name(plan.device),
+        "dtype": dtype,
+        "versions": _versions(),
+        "model": {"requested": args.model},
+        "request": {k: v for k, v in vars(plan.request).items() if k != "strategy"},
+        "parallel": {
+            "nproc": plan.layout.world,
+            "ulysses": plan.layout.ulysses,
+            "ring": plan.layout.ring,
+            "cfg_parallel": plan.layout.cfg,
+            "ranks": ranks,
+        },
+    }
+    files, entries, stale = _image_files({None: result}, plan)
+    report.update(result.as_dict(), **entries[None])
+    write_set(files, plan.outputs.report, report, plan.outputs.lock, written, stale)
+    print(f"{plan.device.type} x {plan.layout.world} ({plan.layout.describe()}), {dtype}, strategy {plan.strategy} "
+          f"-> {result.strategy_resolved}")  # fmt: skip
+    print(_step_line(result) + " (rank 0)")
+    print("\n".join(rank_lines(ranks)))
+    if not result.finite:
+        print(f"npu-port: the image is not finite ({result.non_finite} values are NaN or inf): no image written; "
+              f"report: {plan.outputs.report}", file=sys.stderr)  # fmt: skip
+        return 1
+    print(f"image: {plan.outputs.image}; report: {plan.outputs.report}")
     return 0
 
 

@@ -66,6 +66,9 @@ class SequenceGroups:
 
 # ---- collectives (counted) ------------------------------------------------------------------------------------
 
+#: torch 2.13 renamed ``all_gather_into_tensor`` to ``all_gather_single`` (the old name warns); older ones have only it.
+_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 def _all_to_all(chunks: Tensor, group: Any, ranks: int) -> Tensor:
     """``chunks[i]`` goes to rank ``i``; returns what each rank sent here, stacked in rank order."""
@@ -84,7 +87,7 @@ def all_gather_stacked(tensor: Tensor, group: Any, ranks: int) -> Tensor:
     if as_bytes:
         send = send.to(torch.uint8)
     gathered = torch.empty(ranks * send.numel(), dtype=send.dtype, device=send.device)  # flat: what every backend takes
-    dist.all_gather_into_tensor(gathered, send.reshape(-1), group=group)
+    _gather_into(gathered, send.reshape(-1), group=group)
     TRAFFIC.add("all_gather", send.numel() * send.element_size() * (ranks - 1))
     gathered = gathered.view((ranks,) + tuple(send.shape))
     return gathered.bool() if as_bytes else gathered

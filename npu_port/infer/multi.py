@@ -1,0 +1,192 @@
+"""``npu-port infer --nproc N``: one generation over N ranks (context parallelism, CFG parallelism), started through
+torchrun's launcher API (:mod:`npu_port.parallel.launch`).
+
+Every rank loads the pipeline on its own device, joins the layout (:func:`npu_port.parallel.start`), makes the
+pipeline parallel and generates with the same seed; rank 0 returns the image, every rank its timings and the bytes
+it sent. The calling process writes the image and the report once, through the same code as a single-process run.
+The built-in tiny models are built here first, so ranks never race to build them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from ..errors import NpuPortError, ParallelError
+from .models import TINY_MODELS, describe_model, tiny_model_dir
+from .paths import CacheLocation
+from .run import GenerationRequest, GenerationResult
+
+
+@dataclass(frozen=True)
+class RankJob:
+    """What each rank is asked to do (picklable: it crosses into spawned processes)."""
+
+    model: str
+    device_type: str
+    dtype: str
+    request: Dict[str, Any]
+    ulysses: int
+    ring: int
+    cfg: bool
+    cache_root: Optional[str]
+    progress: bool
+
+
+def _quiet_diffusers() -> None:
+    """One "experimental" warning per rank per model says nothing the report does not."""
+    try:
+        from diffusers.utils import logging
+
+        logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
+def run_rank(job: RankJob) -> Dict[str, Any]:
+    """One rank's whole part (the launcher's entry point). An npu-port error comes back as ``{"error": line}``."""
+    import torch
+
+    from ..parallel import TRAFFIC, ParallelLayout, start
+    from .models import load_pipeline
+    from .run import generate
+
+    _quiet_diffusers()
+    session = None
+    try:
+        session = start(ParallelLayout(job.ulysses, job.ring, job.cfg), device=job.device_type)
+        cache = CacheLocation(None if job.cache_root is None else Path(job.cache_root))
+        loaded = load_pipeline(
+            job.model,
+            session.device,
+            getattr(torch, job.dtype),
+            progress_bar=job.progress and session.is_main,
+            cache=cache,
+        )
+        session.parallelize(loaded.pipe)
+        TRAFFIC.reset()
+        result = generate(loaded, GenerationRequest(**job.request))
+        steps = len(result.step_s) + 1
+        return {
+            "rank": session.rank,
+            "device": str(session.device),
+            "image": result.image if session.is_main else None,
+            "result": {k: v for k, v in asdict(result).items() if k != "image"},
+            "timing": result.as_dict()["time"],
+            "traffic": TRAFFIC.snapshot(),
+            "bytes_sent_per_step": TRAFFIC.total_bytes / steps,
+        }
+    except NpuPortError as exc:
+        return {"rank": session.rank if session else int(os.environ.get("RANK", 0)), "error": str(exc)}
+    finally:
+        if session is not None:
+            session.close()
+
+
+def check_parallel_model(model: str, layout: Any) -> None:
+    """What can be known before any rank starts: the model's denoiser has a context-parallel plan (when the layout
+    splits the sequence) and its heads split over the Ulysses degree — read from the built-in model's or the
+    directory's config files."""
+    from ..parallel.layout import check_heads, models_with_plans
+
+    plan = describe_model(model)
+    if not layout.context_parallel or not plan.builtin and not os.path.isdir(plan.source):
+        return
+    import json
+
+    root = str(tiny_model_dir(model)) if plan.builtin else plan.source
+    for part in ("transformer", "unet"):
+        path = os.path.join(root, part, "config.json")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as fh:
+                config = json.load(fh)
+            break
+    else:
+        return
+    import diffusers
+
+    cls = getattr(diffusers, config.get("_class_name", ""), None)
+    if cls is not None and not getattr(cls, "_cp_plan", None):
+        raise ParallelError(
+            f"{model!r}: its {config['_class_name']} has no context-parallel plan (_cp_plan), so --ulysses / --ring "
+            f"cannot split it; models with one: {', '.join(models_with_plans())} (built in: "
+            f"{', '.join(n for n in TINY_MODELS if n in ('tiny-flux', 'tiny-wan'))}); --cfg-parallel alone works "
+            "for any guided pipeline"
+        )
+    heads = config.get("num_attention_heads")
+    if isinstance(heads, int):
+        check_heads(heads, layout)
+
+
+def run_parallel(
+    model: str,
+    device_type: str,
+    dtype: str,
+    request: GenerationRequest,
+    layout: Any,
+    cache: CacheLocation,
+    progress: bool,
+    on_build: Any = None,
+) -> tuple:
+    """Generate over ``layout.world`` ranks; returns (rank 0's :class:`GenerationResult`, per-rank summaries)."""
+    from ..device.helpers import device_count
+    from ..parallel.launch import launch, rank_environment
+
+    if layout.cfg and request.guidance_scale <= 1:
+        raise ParallelError(
+            "--cfg-parallel splits classifier-free guidance, which is off at --guidance-scale "
+            f"{request.guidance_scale:g}; use a scale > 1 or leave --cfg-parallel out"
+        )
+    if describe_model(model).builtin:
+        tiny_model_dir(model, on_build, cache)
+    check_parallel_model(model, layout)
+    visible = None if device_type == "cpu" else device_count(device_type)
+    env = rank_environment(device_type, layout.world, visible)
+    job = RankJob(
+        model,
+        device_type,
+        dtype,
+        asdict(request),
+        layout.ulysses,
+        layout.ring,
+        layout.cfg,
+        None if cache.root is None else str(cache.root),
+        progress,
+    )
+    returned = launch(run_rank, (job,), layout.world, env)
+    ranks: List[Dict[str, Any]] = [returned[r] for r in sorted(returned)]
+    errors = [r for r in ranks if "error" in r]
+    if errors:
+        raise ParallelError(errors[0]["error"])
+    main = ranks[0]
+    fields = dict(main["result"], image=np.asarray(main["image"]))
+    result = GenerationResult(**fields)
+    summaries = [
+        {
+            "rank": r["rank"],
+            "device": r["device"],
+            **r["timing"],
+            "bytes_sent": sum(r["traffic"]["bytes"].values()),
+            "bytes_sent_per_step": r["bytes_sent_per_step"],
+            "collectives": r["traffic"]["calls"],
+        }
+        for r in ranks
+    ]
+    return result, summaries
+
+
+def rank_lines(summaries: List[Dict[str, Any]]) -> List[str]:
+    """The per-rank timing report, one line a rank."""
+    lines = []
+    for s in summaries:
+        step = s.get("median_step_s")
+        step_text = f"{step * 1e3:.1f} ms/step" if step is not None else "one step"
+        lines.append(
+            f"  rank {s['rank']} ({s['device']}): first step {s['first_step_s']:.3f} s, {step_text}, total "
+            f"{s['total_s']:.3f} s, sent {s['bytes_sent_per_step'] / 2**20:.2f} MiB/step"
+        )
+    return lines
