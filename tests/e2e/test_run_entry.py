@@ -296,6 +296,31 @@ def test_under_torchrun_each_rank_writes_its_own_report(tmp_path):
         assert data["redirect"]["hits"]["init_process_group"] == 1
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_dit_sample_ddp_style_script_runs_unchanged_under_torchrun(tmp_path):
+    """DiT's sample_ddp.py pattern: assert CUDA, nccl, ``rank % torch.cuda.device_count()``, ``set_device``, an int
+    device for ``.to`` and ``torch.randn(device=...)``; each rank's samples are gathered to rank 0 and saved."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NPU_PORT_DEVICE",)}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    script = REPO / "tests" / "fixtures" / "redirect" / "sample_ddp_dit.py"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+        "--master-port", str(_free_port()), "-m", "npu_port", "run", "--device", "cpu", "--cuda-available",
+        str(script), "--out", str(tmp_path),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    samples = torch.load(tmp_path / "samples.pt")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    expected = []
+    for rank in (0, 1):
+        torch.manual_seed(rank)
+        expected.append(model(torch.randn(2, 4)).detach())
+    torch.testing.assert_close(samples, torch.cat(expected), rtol=0, atol=0)
+
+
 def test_a_report_path_that_cannot_be_written_is_refused_before_the_script_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "script.py").write_text("open('ran', 'w').close()\n")
