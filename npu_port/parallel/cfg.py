@@ -19,6 +19,7 @@ pipeline's ``__call__`` (diffusers marks the two-call form with ``cache_context(
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any, Optional, Tuple
 
 import torch
@@ -41,7 +42,7 @@ def guidance_mode(pipe: Any, requested: str = "auto") -> str:
         source = inspect.getsource(type(pipe).__call__)
     except (OSError, TypeError):
         source = ""
-    if 'cache_context("uncond")' in source:
+    if re.search(r"""cache_context\(\s*["']uncond["']""", source):
         return "alternate"
     if "[latents] * 2" in source or "[latent_model_input] * 2" in source:
         return "batch"
