@@ -61,13 +61,15 @@ def t5_style_tokenizer():
     )
 
 
-def tiny_t5_encoder(vocab_size: int, seed: int = 0):
-    """A 2-layer ``T5EncoderModel`` of width :data:`T5_DIM` (4 heads of 8)."""
+def tiny_t5_encoder(vocab_size: int, seed: int = 0, *, umt5: bool = False):
+    """A 2-layer ``T5EncoderModel`` (Flux's second text encoder) or, with ``umt5``, ``UMT5EncoderModel`` (Wan's), of
+    width :data:`T5_DIM` (4 heads of 8)."""
     import torch
-    from transformers import T5Config, T5EncoderModel
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
+    config_class, model_class = (UMT5Config, UMT5EncoderModel) if umt5 else (T5Config, T5EncoderModel)
     torch.manual_seed(seed)
-    config = T5Config(
+    config = config_class(
         vocab_size=vocab_size,
         d_model=T5_DIM,
         d_kv=T5_DIM // 4,
@@ -80,7 +82,7 @@ def tiny_t5_encoder(vocab_size: int, seed: int = 0):
         eos_token_id=1,
         decoder_start_token_id=0,
     )
-    return _reseed(T5EncoderModel(config), seed)
+    return _reseed(model_class(config), seed)
 
 
 def tiny_flux_transformer(seed: int = 0):

@@ -12,7 +12,7 @@ random (seeded): the videos are noise-like, good for timing, for comparing atten
 from __future__ import annotations
 
 from .tiny import _reseed
-from .tiny_flux import HEAD_DIM, HEADS, t5_style_tokenizer
+from .tiny_flux import HEAD_DIM, HEADS, T5_DIM, t5_style_tokenizer, tiny_t5_encoder
 
 #: UMT5 tokens per prompt (``max_sequence_length``; the pipeline pads the embeddings to it). Its default, 512, would
 #: give every prompt 512 text tokens: the pipeline must be called with this.
@@ -20,31 +20,7 @@ TEXT_TOKENS = 32
 #: Default video: 5 frames (4k + 1: the VAE keeps the first frame and packs every 4 after it), 64x64.
 DEFAULT_FRAMES = 5
 DEFAULT_SIZE = 64
-#: UMT5's width (the transformer's ``text_dim``).
-TEXT_DIM = 32
 LATENT_CHANNELS = 16
-
-
-def tiny_umt5_encoder(vocab_size: int, seed: int = 0):
-    """A 2-layer ``UMT5EncoderModel`` of width :data:`TEXT_DIM` (4 heads of 8)."""
-    import torch
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    torch.manual_seed(seed)
-    config = UMT5Config(
-        vocab_size=vocab_size,
-        d_model=TEXT_DIM,
-        d_kv=TEXT_DIM // 4,
-        d_ff=2 * TEXT_DIM,
-        num_layers=2,
-        num_heads=4,
-        relative_attention_num_buckets=8,
-        relative_attention_max_distance=32,
-        pad_token_id=0,
-        eos_token_id=1,
-        decoder_start_token_id=0,
-    )
-    return _reseed(UMT5EncoderModel(config), seed)
 
 
 def tiny_wan_transformer(seed: int = 0):
@@ -60,7 +36,7 @@ def tiny_wan_transformer(seed: int = 0):
         attention_head_dim=HEAD_DIM,
         in_channels=LATENT_CHANNELS,
         out_channels=LATENT_CHANNELS,
-        text_dim=TEXT_DIM,
+        text_dim=T5_DIM,  # UMT5's width
         freq_dim=32,
         ffn_dim=2 * HEADS * HEAD_DIM,
         num_layers=2,
@@ -94,7 +70,7 @@ def build_tiny_wan(save_dir: str, seed: int = 0) -> None:
     tokenizer = t5_style_tokenizer()
     pipe = WanPipeline(
         tokenizer=tokenizer,
-        text_encoder=tiny_umt5_encoder(len(tokenizer), seed + 2),
+        text_encoder=tiny_t5_encoder(len(tokenizer), seed + 2, umt5=True),
         transformer=tiny_wan_transformer(seed),
         vae=tiny_wan_vae(seed + 1),
         scheduler=UniPCMultistepScheduler(  # as Wan 2.1's diffusers release: flow matching, shift 3
