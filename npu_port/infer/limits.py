@@ -148,8 +148,10 @@ def check_tolerance(value: float, label: str = "tolerance") -> float:
 
 #: The built-in models' limits (the tests check them against the built models' configs). Measured on a 2-thread
 #: CPU: the tiny text-to-image model takes ~15 ms a step at 64 px, ~0.26 s at 128 px with the exact math kernel, 5 s
-#: at 256 px, and cannot run 512 px at all; the tiny DiT makes 16 px images, 200 steps in 0.2 s. tiny-flux and
-#: tiny-wan: see TINY_FLUX / TINY_WAN below.
+#: at 256 px, and cannot run 512 px at all; the tiny DiT makes 16 px images, 200 steps in 0.2 s. On one thread of
+#: that CPU tiny-flux takes ~12 ms a step at 128 px and ~150 ms at 512 px (50 steps: 8 s); tiny-wan ~6 ms a step
+#: for 5 frames of 64 px and ~60 ms for 33 frames of 128 px, plus 2 s to decode them (256 px would be 0.4 s a step
+#: and 10 s to decode).
 BUILTIN_LIMITS: Dict[str, ModelLimits] = {
     "tiny": ModelLimits(TEXT_TO_IMAGE, factor=2, max_side=128, max_steps=50, basis="built-in tiny model"),
     "tiny-dit": ModelLimits(
@@ -169,7 +171,7 @@ BUILTIN_LIMITS: Dict[str, ModelLimits] = {
     "tiny-wan": ModelLimits(
         TEXT_TO_VIDEO,
         factor=16,
-        max_side=256,
+        max_side=128,
         max_steps=50,
         basis="built-in tiny-wan model",
         frame_factor=4,

@@ -213,7 +213,7 @@ def test_an_mp4_without_its_writer_is_refused_before_any_work(tmp_path, capsys, 
         (["--model", "tiny-flux", "--frames", "5"], "--frames is for text-to-video models; this model is text-to-image (one image)"),
         (["--frames", "5"], "--frames is for text-to-video models; this model is text-to-image (one image)"),
         (["--model", "tiny-dit", "--frames", "1"], "--frames is for text-to-video models; this model is class-conditional (one image)"),
-        (["--model", "tiny-wan", "--height", "72"], "height must be a multiple of 16 between 16 and 256 for this model, got 72"),
+        (["--model", "tiny-wan", "--height", "72"], "height must be a multiple of 16 between 16 and 128 for this model, got 72"),
         (["--model", "tiny-flux", "--width", "1024"], "width must be a multiple of 16 between 16 and 512 for this model, got 1024"),
         (["--model", "tiny-flux", "--output", "x.mp4"], "--output 'x.mp4': '.mp4' is not an image format npu-port can write"),
         (
