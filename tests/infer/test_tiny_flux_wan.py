@@ -268,3 +268,9 @@ def test_the_demo_refuses_a_video_model_in_one_line(tmp_path, capsys):
         "--model tiny-wan\n"
     )
     assert_nothing_loaded()
+
+
+def test_the_demo_offers_tiny_flux_at_its_own_default_size(model_cache):
+    from npu_port.demo.form import default_size
+
+    assert default_size(_load("tiny-flux")) == 128  # not the 512 px fallback of a transformer without sample_size
