@@ -200,7 +200,7 @@ def test_an_mp4_without_its_writer_is_refused_before_any_work(tmp_path, capsys, 
         f"{extra_hint('video')}; or give an image extension to write the frames as images "
         f"({tmp_path / 'clip'}-000.png, ...)\n"
     )
-    assert 'pip install -e "' in extra_hint("video") and '[video]"' in extra_hint("video")
+    assert '[video]" (or: pip install imageio imageio-ffmpeg)' in extra_hint("video")  # as npu-port was installed
     assert_nothing_loaded()
 
 
