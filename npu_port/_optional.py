@@ -30,6 +30,7 @@ EXTRAS: Dict[str, List[str]] = {
     "demo": ["gradio>=5"],
     "bench": ["matplotlib>=3.5"],
     "fix": ["libcst>=1.1"],
+    "video": ["imageio", "imageio-ffmpeg"],
 }
 
 

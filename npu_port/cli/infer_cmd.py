@@ -1,8 +1,9 @@
 """``npu-port infer`` (also ``scripts/inference_npu.py``): run a diffusers pipeline on this machine's device with an
-attention strategy, write the image and a JSON report, or prove a port faithful with ``--compare``.
+attention strategy, write the image (or video) and a JSON report, or prove a port faithful with ``--compare``.
 
     npu-port infer                                            # the tiny text-to-image model (random weights)
     npu-port infer --model ./my-sd-pipeline --prompt "a red fox" --steps 30 --dtype float16
+    npu-port infer --model tiny-wan --frames 9 --output clip.mp4  # a video (frames as images: --output clip.png)
     npu-port infer --profile ascend-910b --text-encoder-device cpu
     npu-port infer --compare vanilla,sdpa,chunked,auto        # same seed per strategy: time, max|diff|, PSNR
 
@@ -27,7 +28,9 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
-    model.add_argument("--model", default="tiny", help="'tiny' (default), 'tiny-dit', a pipeline directory or a hub id")
+    model.add_argument("--model", default="tiny",
+                       help="'tiny' (default), 'tiny-dit', 'tiny-flux', 'tiny-wan' (video), a pipeline directory or a "
+                            "hub id")  # fmt: skip
     model.add_argument("--device", default=None, help="npu, cuda, xpu, mps or cpu (default: the best usable device)")
     model.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: float32 on cpu, float16 elsewhere")
     model.add_argument("--text-encoder-device", default=None, metavar="DEVICE",
@@ -50,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     image.add_argument("--guidance-scale", type=float, default=4.0)
     image.add_argument("--vae-slicing", action="store_true", help="decode images one at a time (less memory)")
     image.add_argument("--vae-tiling", action="store_true", help="decode in tiles (large images in less memory)")
+    image.add_argument("--frames", type=int, default=None,
+                       help="frames of a video model (4k+1 for Wan; default: the model's)")  # fmt: skip
     parallel = parser.add_argument_group("several devices (torch.distributed; README_NPU.md)")
     parallel.add_argument("--nproc", type=int, default=1,
                           help="processes, one device each (started through torchrun's launcher)")  # fmt: skip
@@ -59,7 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parallel.add_argument("--cfg-parallel", action="store_true",
                           help="conditional and unconditional halves of guidance on two ranks")  # fmt: skip
     output = parser.add_argument_group("output")
-    output.add_argument("--output", default="outputs/npu-port.png", help="image path (default outputs/npu-port.png)")
+    output.add_argument("--output", default="outputs/npu-port.png",
+                        help="image path (default outputs/npu-port.png); a video: NAME.mp4 (the 'video' extra), or an "
+                             "image path for one image per frame (NAME-000.png, ...)")  # fmt: skip
     output.add_argument("--report", default=None, help="JSON report path (default: the image path with .json)")
     output.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -120,7 +127,7 @@ def _preflight(args: argparse.Namespace) -> _Plan:
     from ..device import get_device
     from ..errors import InferenceError
     from ..infer import GenerationRequest
-    from ..infer.limits import CLASS_CONDITIONAL, UNKNOWN_MODEL, check_tolerance
+    from ..infer.limits import TEXT_TO_VIDEO, UNKNOWN_MODEL, check_tolerance
     from ..infer.models import describe_model, resolve_dtype
     from ..infer.paths import cache_location, plan_outputs
     from ..infer.strategies import check_strategies, check_strategy
@@ -142,18 +149,19 @@ def _preflight(args: argparse.Namespace) -> _Plan:
         strategy=strategy,
         vae_slicing=args.vae_slicing,
         vae_tiling=args.vae_tiling,
+        frames=args.frames,
     )
     model = describe_model(args.model)
     (model.limits or UNKNOWN_MODEL).check(request)  # a hub id's own limits are checked again once it is loaded
     device = get_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     encoder_device = get_device(args.text_encoder_device) if args.text_encoder_device else None
-    if encoder_device is not None and model.kind == CLASS_CONDITIONAL:
-        raise InferenceError(f"--text-encoder-device: {args.model!r} is class-conditional and has no text encoder")
+    if encoder_device is not None and model.limits is not None:
+        model.limits.check_text_encoder_device(args.model)
     compare = check_strategies(args.compare.split(",")) if args.compare else None
     check_strategy(strategy)
     layout = _layout(args)
-    outputs = plan_outputs(args.output, args.report, compare)
+    outputs = plan_outputs(args.output, args.report, compare, video=model.kind == TEXT_TO_VIDEO if model.kind else None)
     cache, warning = cache_location()
     if warning:
         print(f"npu-port: {warning}", file=sys.stderr)
@@ -180,27 +188,48 @@ def _layout(args: argparse.Namespace):
 def _image_files(
     results: Dict[Optional[str], Any], plan: _Plan
 ) -> Tuple[Dict[Path, bytes], Dict[Any, Dict], List[Path]]:
-    """The encoded images to write (finite ones only), per result what the report says about its file, and the
-    image paths to clear (a non-finite result's: an earlier run's picture there would sit beside this report)."""
-    from ..infer.saving import encode_image, sha256
+    """The encoded files to write (finite results only: an image, an mp4, or a video's frames), per result what the
+    report says about its files (``image``: the first one, ``files``: each with its sha256), and the paths to clear:
+    a non-finite result's (an earlier run's picture there would sit beside this report) and an earlier video's
+    frames that this run does not write over."""
+    from ..infer.paths import earlier_frames
+    from ..infer.saving import encode_output, sha256
 
     files: Dict[Path, bytes] = {}
     entries: Dict[Any, Dict[str, Any]] = {}
     stale: List[Path] = []
     for name, result in results.items():
         path = plan.outputs.images[name]
+        earlier = earlier_frames(path) if result.image.ndim == 4 else []
         if not result.finite:  # fail closed: a NaN image would be saved as a black picture that looks like a result
-            entries[name] = {"image": None, "image_sha256": None}
-            stale.append(path)
+            entries[name] = {"image": None, "image_sha256": None, "files": []}
+            stale += [path, *earlier]
             continue
-        files[path] = encode_image(result.image, path)
-        entries[name] = {"image": str(path), "image_sha256": sha256(files[path])}
+        encoded = encode_output(result.image, path)
+        files.update(encoded)
+        stale += [frame for frame in earlier if frame not in encoded]
+        first = next(iter(encoded))
+        entries[name] = {
+            "image": str(first),
+            "image_sha256": sha256(encoded[first]),
+            "files": [{"path": str(written), "sha256": sha256(data)} for written, data in encoded.items()],
+        }
     return files, entries, stale
+
+
+def _files_text(files: Dict[Path, bytes]) -> str:
+    paths = list(files)
+    if len(paths) > 2:
+        return f"{paths[0]} .. {paths[-1]} ({len(paths)} files)"
+    return ", ".join(str(path) for path in paths) or "none"
 
 
 def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
     from ..device import device_name
+    from ..errors import InferenceError
     from ..infer import compare_strategies, generate, load_pipeline
+    from ..infer.limits import TEXT_TO_VIDEO
+    from ..infer.paths import VIDEO_FORMATS
     from ..infer.saving import write_set
 
     if plan.layout is not None:
@@ -221,6 +250,8 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
         cache=plan.cache,
     )
     request = plan.request
+    if loaded.kind != TEXT_TO_VIDEO and plan.outputs.image.suffix.lower() in VIDEO_FORMATS:  # a hub id, now known
+        raise InferenceError(f"--output {str(plan.outputs.image)!r}: {args.model!r} makes images, not a video")
     report: Dict[str, Any] = {
         "device": str(plan.device),
         "device_name": device_name(plan.device),
@@ -238,8 +269,9 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
         "disk_cache": loaded.disk_cache,
     }
     if loaded.random_weights:
+        what = "video" if loaded.kind == TEXT_TO_VIDEO else "image"
         print(
-            f"npu-port: model {loaded.model!r} has random weights: the image is noise-like by design", file=sys.stderr
+            f"npu-port: model {loaded.model!r} has random weights: the {what} is noise-like by design", file=sys.stderr
         )
     report_path = plan.outputs.report
     if plan.compare:
@@ -251,7 +283,7 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
         report.update(comparison=details, images=[str(path) for path in files])
         write_set(files, report_path, report, plan.outputs.lock, written, stale)
         print(comparison.format())
-        print(f"images: {', '.join(str(path) for path in files) or 'none'}; report: {report_path}")
+        print(f"images: {_files_text(files)}; report: {report_path}")
         return 1 if comparison.diverged else 0
     result = generate(loaded, request)
     files, entries, stale = _image_files({None: result}, plan)
@@ -268,7 +300,8 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"image: {plan.outputs.image}; report: {report_path}")
+    what = "image" if result.image.ndim == 3 else f"video ({result.image.shape[0]} frames)"
+    print(f"{what}: {_files_text(files)}; report: {report_path}")
     return 0
 
 
@@ -319,7 +352,8 @@ def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]
         print(f"npu-port: the image is not finite ({result.non_finite} values are NaN or inf): no image written; "
               f"report: {plan.outputs.report}", file=sys.stderr)  # fmt: skip
         return 1
-    print(f"image: {plan.outputs.image}; report: {plan.outputs.report}")
+    what = "image" if result.image.ndim == 3 else f"video ({result.image.shape[0]} frames)"
+    print(f"{what}: {_files_text(files)}; report: {plan.outputs.report}")
     return 0
 
 

@@ -65,6 +65,17 @@ def free_port(host: str) -> int:
         return int(probe.getsockname()[1])
 
 
+def _check_images(model: str, kind: Any) -> None:
+    """The demo shows images: a video model is refused with one line pointing to ``npu-port infer``."""
+    from ..errors import InferenceError
+    from ..infer.limits import TEXT_TO_VIDEO
+
+    if kind == TEXT_TO_VIDEO:
+        raise InferenceError(
+            f"{model!r} is a text-to-video model and the demo shows images; run it with npu-port infer --model {model}"
+        )
+
+
 def prepare(args: argparse.Namespace) -> Any:
     """Load the model once and build the queued demo (not launched)."""
     from ..device import device_name, get_device
@@ -78,6 +89,7 @@ def prepare(args: argparse.Namespace) -> Any:
     # everything that can be checked is checked before the (possibly long) model load
     check_timeout(args.request_timeout, "--request-timeout")
     model = describe_model(args.model)
+    _check_images(args.model, model.kind)
     if model.limits is not None:  # a hub id's limits are known once it is loaded (build_demo checks them then)
         model.limits.lowered(max_side=args.max_side, max_steps=args.max_steps)
     choices = strategy_choices()
@@ -99,6 +111,7 @@ def prepare(args: argparse.Namespace) -> Any:
         on_build=lambda message: print(f"{PROG}: {message}", file=sys.stderr, flush=True),
         cache=cache,
     )
+    _check_images(args.model, loaded.kind)  # a hub id's kind is known once it is loaded
     demo = build_demo(
         loaded,
         max_side=args.max_side,

@@ -34,9 +34,12 @@ def whole_number(label: str, value: Any, *, optional: bool = False) -> Optional[
 
 
 def default_size(loaded: Any) -> int:
-    """The side the pipeline makes when no size is given (the DiT's fixed one; else its sample size)."""
+    """The side the pipeline makes when no size is given (the DiT's fixed one; a built-in model's own default, e.g.
+    tiny-flux's 128; else its sample size)."""
     if loaded.native_size is not None:
         return int(loaded.native_size)
+    if "height" in loaded.limits.call_defaults:
+        return int(loaded.limits.call_defaults["height"])
     pipe = loaded.pipe
     for component in ("unet", "transformer"):
         model = getattr(pipe, component, None)

@@ -20,15 +20,7 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from ..errors import InferenceError
-from .limits import (
-    BUILTIN_LIMITS,
-    CLASS_CONDITIONAL,
-    TEXT_TO_IMAGE,
-    ModelLimits,
-    directory_limits,
-    limits_from_configs,
-    pipeline_kind,
-)
+from .limits import BUILTIN_LIMITS, ModelLimits, directory_limits, pipeline_limits
 from .paths import CacheLocation
 
 
@@ -44,10 +36,24 @@ def _build_dit(directory: str) -> None:
     tiny_dit_pipeline(save_dir=directory)
 
 
+def _build_flux(directory: str) -> None:
+    from ..integrations.diffusers.tiny_flux import build_tiny_flux
+
+    build_tiny_flux(directory)
+
+
+def _build_wan(directory: str) -> None:
+    from ..integrations.diffusers.tiny_wan import build_tiny_wan
+
+    build_tiny_wan(directory)
+
+
 #: Built-in models: name -> (builder, one-line description). Bump the version suffix when a builder changes.
 TINY_MODELS: Dict[str, tuple] = {
     "tiny": (_build_text2image, "tiny Stable-Diffusion-style text-to-image pipeline (CLIP text encoder, UNet, VAE)"),
     "tiny-dit": (_build_dit, "tiny class-conditional DiT pipeline (1000 classes, 16x16 images)"),
+    "tiny-flux": (_build_flux, "tiny Flux text-to-image pipeline (4 heads of 64, 128x128 images, true CFG)"),
+    "tiny-wan": (_build_wan, "tiny Wan text-to-video pipeline (4 heads of 64, 5 frames of 64x64)"),
 }
 _TINY_VERSION = "v2"
 
@@ -72,7 +78,7 @@ class LoadedPipeline:
     pipe: Any
     model: str  # as requested
     source: str  # the directory it was loaded from, or the hub id
-    kind: str  # "text-to-image" or "class-conditional"
+    kind: str  # "text-to-image", "text-to-video" or "class-conditional"
     device: torch.device
     dtype: torch.dtype
     random_weights: bool
@@ -179,15 +185,15 @@ def _from_pretrained(source: str, model: str, local_files_only: bool, dtype: tor
 
 
 def _limits(pipe: Any, model: str) -> ModelLimits:
-    kind = pipeline_kind(
+    present = {name: component is not None for name, component in pipe.components.items()}
+    transformer = getattr(pipe, "transformer", None)
+    limits = pipeline_limits(
         type(pipe).__name__,
-        has_text_encoder=getattr(pipe, "text_encoder", None) is not None,
-        has_transformer=getattr(pipe, "transformer", None) is not None,
+        present,
+        dict(pipe.vae.config),
+        dict(transformer.config) if transformer is not None else None,
     )
-    if model in BUILTIN_LIMITS:
-        return BUILTIN_LIMITS[model]
-    transformer = dict(pipe.transformer.config) if kind == CLASS_CONDITIONAL else None
-    return limits_from_configs(kind, dict(pipe.vae.config), transformer)
+    return BUILTIN_LIMITS.get(model, limits)
 
 
 def load_pipeline(
@@ -218,8 +224,7 @@ def load_pipeline(
     limits = _limits(pipe, model)
     pipe.to(device)
     if text_encoder_device is not None:
-        if limits.kind != TEXT_TO_IMAGE:
-            raise InferenceError(f"--text-encoder-device: {model!r} is class-conditional and has no text encoder")
+        limits.check_text_encoder_device(model)
         pipe.text_encoder.to(device=text_encoder_device, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=not progress_bar)
     return LoadedPipeline(

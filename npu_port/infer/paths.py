@@ -1,4 +1,7 @@
-"""Where a run writes — the image(s), the report, the cache — checked before anything is loaded or computed.
+"""Where a run writes — the image(s) or video, the report, the cache — checked before anything is loaded or computed.
+
+A video is written as an mp4 (``--output NAME.mp4``; needs the ``video`` extra: imageio and imageio-ffmpeg) or, with
+an image extension, as one image per frame: ``NAME-000.png``, ``NAME-001.png``, ... beside the given name.
 
 Whether a folder can be written is asked of :func:`npu_port.atomic.folder_problem`, which tries it.
 """
@@ -75,6 +78,37 @@ def cache_location() -> Tuple[CacheLocation, Optional[str]]:
 
 # --------------------------------------------------------------------------------------------- images and report
 
+#: Video containers ``--output`` may name for a video model (written by imageio with imageio-ffmpeg).
+VIDEO_FORMATS = (".mp4",)
+
+
+def video_writer_problem() -> Optional[str]:
+    """Why an mp4 cannot be written here (imageio or imageio-ffmpeg missing, or its ffmpeg binary), or None."""
+    try:
+        import imageio  # noqa: F401
+        import imageio_ffmpeg
+    except ImportError as exc:
+        return f"{exc.name or 'imageio'} is not installed"
+    try:
+        imageio_ffmpeg.get_ffmpeg_exe()
+    except Exception as exc:  # noqa: BLE001 - any failure to find the binary means: cannot write mp4
+        return f"imageio-ffmpeg has no ffmpeg binary ({exc})"
+    return None
+
+
+def frame_path(path: Path, index: int) -> Path:
+    """Where frame ``index`` of a video written as images goes: ``NAME-000.png`` beside ``NAME.png``."""
+    return path.with_name(f"{path.stem}-{index:03d}{path.suffix}")
+
+
+def earlier_frames(path: Path) -> List[Path]:
+    """Frame files of an earlier video run with the same name (``NAME-NNN.ext`` beside ``path``), by index."""
+    pattern = re.compile(rf"{re.escape(path.stem)}-(\d{{3,}}){re.escape(path.suffix)}")
+    if not path.parent.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in path.parent.iterdir() if (m := pattern.fullmatch(p.name))]
+    return [p for _, p in sorted(found)]
+
 
 @functools.lru_cache(maxsize=None)
 def image_formats() -> Dict[str, str]:
@@ -104,6 +138,19 @@ def _file_part(strategy: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "_", base) or "strategy"
 
 
+def check_video_writer(output: str) -> None:
+    """Refuse ``--output NAME.mp4`` where no mp4 can be written, naming the extra that brings the writer."""
+    from .._optional import extra_hint
+
+    problem = video_writer_problem()
+    if problem is not None:
+        stem = Path(output).with_suffix("")
+        raise InferenceError(
+            f"--output {output!r}: writing mp4 needs imageio and imageio-ffmpeg ({problem}): {extra_hint('video')}; "
+            f"or give an image extension to write the frames as images ({stem}-000.png, ...)"
+        )
+
+
 @dataclass(frozen=True)
 class OutputPlan:
     """Where a run writes: one image per strategy (one image, key None, for a single run), the report, and the
@@ -118,18 +165,28 @@ class OutputPlan:
         return next(iter(self.images.values()))
 
 
-def plan_outputs(output: str, report: Optional[str] = None, compare: Optional[Sequence[str]] = None) -> OutputPlan:
-    """Check ``--output`` / ``--report`` (and the per-strategy image names of ``--compare``) before any work."""
+def plan_outputs(
+    output: str,
+    report: Optional[str] = None,
+    compare: Optional[Sequence[str]] = None,
+    *,
+    video: Optional[bool] = False,
+) -> OutputPlan:
+    """Check ``--output`` / ``--report`` (and the per-strategy image names of ``--compare``) before any work.
+    ``video``: the model makes videos (True), images (False) or is not known until loaded (None): an mp4 is
+    accepted unless it is known to make images, and only where one can be written."""
     image = Path(output).expanduser()
     if image.is_dir():
         raise InferenceError(f"--output {output!r} is a folder; give an image file path, e.g. {image / 'npu-port.png'}")
-    formats = image_formats()
+    formats = sorted(image_formats()) + (list(VIDEO_FORMATS) if video is not False else [])
     extension = image.suffix.lower()
     if extension not in formats:
         what = f"{extension!r} is not an image format npu-port can write" if extension else "it has no extension"
         raise InferenceError(
-            f"--output {output!r}: {what}; use one of: {', '.join(sorted(formats))} (e.g. outputs/npu-port.png)"
+            f"--output {output!r}: {what}; use one of: {', '.join(formats)} (e.g. outputs/npu-port.png)"
         )
+    if extension in VIDEO_FORMATS:
+        check_video_writer(output)
     if compare:
         images: Dict[Optional[str], Path] = {}
         for name in compare:

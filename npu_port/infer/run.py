@@ -1,5 +1,5 @@
-"""One image, measured: time of the first step (set-up, encoding and first-call costs) apart from the steady steps,
-the total, and peak memory — with the attention strategy applied for the run and restored afterwards.
+"""One image (or video), measured: time of the first step (set-up, encoding and first-call costs) apart from the
+steady steps, the total, and peak memory — with the attention strategy applied for the run and restored afterwards.
 
 An image with NaN or inf in it is reported as not finite (:attr:`GenerationResult.finite`): callers fail closed on
 it rather than save a black picture as if it were a result.
@@ -7,6 +7,7 @@ it rather than save a black picture as if it were a result.
 
 from __future__ import annotations
 
+import inspect
 import resource
 import sys
 from dataclasses import dataclass, field
@@ -19,12 +20,14 @@ from .. import device as devices
 from ..device.timing import stamp
 from ..errors import InferenceError
 from .deadline import Deadline
+from .limits import CLASS_CONDITIONAL, TEXT_TO_VIDEO
 from .models import LoadedPipeline
 
 
 @dataclass
 class GenerationRequest:
-    """What to generate: a prompt (text-to-image) or a class id (class-conditional), and how."""
+    """What to generate: a prompt (text-to-image or -video) or a class id (class-conditional), and how. ``height``,
+    ``width`` and ``frames`` (video only) left out: the model's defaults."""
 
     prompt: str = "a lighthouse at dusk, oil painting"
     negative_prompt: Optional[str] = None
@@ -37,11 +40,13 @@ class GenerationRequest:
     strategy: str = "auto"
     vae_slicing: bool = False
     vae_tiling: bool = False
+    frames: Optional[int] = None
 
 
 @dataclass
 class GenerationResult:
-    """The image (H, W, 3 floats in [0, 1]) and what the report says about how it was made."""
+    """The image (H, W, 3 floats in [0, 1]) — for a video model the video, (F, H, W, 3) — and what the report says
+    about how it was made."""
 
     image: np.ndarray
     strategy_requested: str
@@ -128,6 +133,18 @@ class _StepClock:
         del self.scheduler.step  # the instance attribute goes; the class's method shows through again
 
 
+def _true_cfg(pipe: Any) -> bool:
+    """Flux-style pipelines run classifier-free guidance only as "true CFG" (``true_cfg_scale`` > 1 and a negative
+    prompt); a transformer without a guidance embedding has no other use for the guidance scale, so the request's
+    guidance becomes that: each step calls the transformer twice, conditional then unconditional."""
+    transformer = getattr(pipe, "transformer", None)
+    return (
+        "true_cfg_scale" in inspect.signature(pipe.__call__).parameters
+        and transformer is not None
+        and not transformer.config.get("guidance_embeds", False)
+    )
+
+
 def _call_arguments(loaded: LoadedPipeline, request: GenerationRequest, generator: torch.Generator) -> Dict[str, Any]:
     pipe = loaded.pipe
     arguments: Dict[str, Any] = {
@@ -136,12 +153,25 @@ def _call_arguments(loaded: LoadedPipeline, request: GenerationRequest, generato
         "output_type": "np",
         "guidance_scale": request.guidance_scale,
     }
-    if loaded.kind == "class-conditional":
+    if loaded.kind == CLASS_CONDITIONAL:
         arguments["class_labels"] = [request.class_label]
         return arguments
-    arguments.update(height=request.height, width=request.width)
+    defaults = loaded.limits.call_defaults
+    asked = {"height": request.height, "width": request.width}
+    if loaded.kind == TEXT_TO_VIDEO:
+        asked["num_frames"] = request.frames
+    for name, value in asked.items():
+        value = defaults.get(name) if value is None else value
+        if value is not None:  # else the pipeline's own default
+            arguments[name] = value
+    if "max_sequence_length" in defaults:
+        arguments["max_sequence_length"] = defaults["max_sequence_length"]
+    negative = request.negative_prompt
+    if _true_cfg(pipe):
+        arguments["true_cfg_scale"] = request.guidance_scale
+        negative = negative or ""  # true CFG runs only with a negative prompt: the empty one, as CFG means
     if loaded.text_encoder_device is None:
-        arguments.update(prompt=request.prompt, negative_prompt=request.negative_prompt)
+        arguments.update(prompt=request.prompt, negative_prompt=negative)
         return arguments
     # --text-encoder-device: encode where the encoder lives, move only the embeddings (as the TPU / NPU ports do)
     with torch.no_grad():
@@ -168,7 +198,8 @@ def _set_vae_switches(vae: Any, request: GenerationRequest) -> None:
 def generate(
     loaded: LoadedPipeline, request: GenerationRequest, *, deadline: Optional[Deadline] = None
 ) -> GenerationResult:
-    """Generate one image under ``request.strategy``; the strategy is restored afterwards, whatever happens.
+    """Generate one image (or video) under ``request.strategy``; the strategy is restored afterwards, whatever
+    happens.
 
     ``deadline``: stop (:class:`~npu_port.infer.deadline.RequestTimeout`) at the first step boundary past it.
     """
@@ -195,7 +226,11 @@ def generate(
     ends = clock.ends
     if not ends:
         raise InferenceError(f"{type(pipe).__name__} ran no scheduler step; cannot time it")
-    image = np.asarray(output.images[0], dtype=np.float32)
+    video = loaded.kind == TEXT_TO_VIDEO
+    image = np.asarray((output.frames if video else output.images)[0], dtype=np.float32)
+    details: Dict[str, Any] = {"decode_s": end - ends[-1], "image_size": list(image.shape[-3:-1])}
+    if video:
+        details["frames"] = int(image.shape[0])
     return GenerationResult(
         image=image,
         strategy_requested=request.strategy,
@@ -205,7 +240,7 @@ def generate(
         step_s=[later - earlier for earlier, later in zip(ends, ends[1:])],
         total_s=end - start,
         peak_memory=_peak_memory(loaded.device),
-        details={"decode_s": end - ends[-1], "image_size": list(image.shape[:2])},
+        details=details,
     )
 
 

@@ -1,4 +1,4 @@
-"""Writing a run's image(s) and report as one consistent set.
+"""Writing a run's image(s) — or video: an mp4, or one image per frame — and report as one consistent set.
 
 Each file is written atomically (:mod:`npu_port.atomic`: a unique temporary name, then one rename), but a set of
 files needs more: two runs with the same ``--output`` could otherwise leave one run's image beside the other's
@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import os
 import signal
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Sequence
@@ -32,6 +34,39 @@ def encode_image(image: np.ndarray, path: Path) -> bytes:
     buffer = io.BytesIO()
     to_pil(image).save(buffer, format=image_formats()[path.suffix.lower()])
     return buffer.getvalue()
+
+
+#: Frames per second of a written mp4 (Wan's 16).
+VIDEO_FPS = 16
+
+
+def encode_video(frames: np.ndarray, path: Path) -> bytes:
+    """The (F, H, W, 3) video in [0, 1] as an mp4 (H.264 through imageio-ffmpeg; :func:`~npu_port.infer.paths.
+    check_video_writer` has made sure it is there). ffmpeg writes to a file, so it goes through a temporary one and
+    comes back as bytes for the atomic set."""
+    import imageio
+
+    data = (np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8)
+    handle, temporary = tempfile.mkstemp(prefix="npu-port-", suffix=path.suffix)
+    os.close(handle)
+    try:
+        # macro_block_size 1: never resize (the model's sizes are even, which H.264's yuv420p needs)
+        imageio.mimwrite(temporary, list(data), format="FFMPEG", fps=VIDEO_FPS, macro_block_size=1)
+        return Path(temporary).read_bytes()
+    finally:
+        os.unlink(temporary)
+
+
+def encode_output(data: np.ndarray, path: Path) -> Dict[Path, bytes]:
+    """What a result is written as: an (H, W, 3) image at ``path``; an (F, H, W, 3) video as the mp4 ``path``
+    names, or as one image per frame (``NAME-000.png``, ... beside it)."""
+    from .paths import VIDEO_FORMATS, frame_path
+
+    if data.ndim == 3:
+        return {path: encode_image(data, path)}
+    if path.suffix.lower() in VIDEO_FORMATS:
+        return {path: encode_video(data, path)}
+    return {frame_path(path, index): encode_image(frame, path) for index, frame in enumerate(data)}
 
 
 def sha256(data: bytes) -> str:

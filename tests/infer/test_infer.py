@@ -33,18 +33,6 @@ from .. import nan_attention
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def _module_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("npu-port-models")
-
-
-@pytest.fixture
-def model_cache(_module_cache, monkeypatch):
-    """One npu-port cache for the module (over conftest's per-test one), so the tiny models are built once."""
-    monkeypatch.setenv("NPU_PORT_CACHE_DIR", str(_module_cache))
-    return _module_cache
-
-
 def infer(tmp_path, *arguments: str) -> int:
     return main(["infer", "--no-progress", "--steps", "4", "--output", str(tmp_path / "out.png"), *arguments])
 
@@ -418,7 +406,7 @@ def test_the_builtin_limits_match_the_built_models(model_cache):
     for name in TINY_MODELS:
         from_configs = directory_limits(str(tiny_model_dir(name)))
         builtin = BUILTIN_LIMITS[name]
-        fields = ("kind", "factor", "native_size", "classes")
+        fields = ("kind", "factor", "native_size", "classes", "frame_factor", "encoder_apart")
         assert [getattr(builtin, f) for f in fields] == [getattr(from_configs, f) for f in fields], name
         loaded = load_pipeline(name, torch.device("cpu"), torch.float32, progress_bar=False)
         assert loaded.limits == builtin and loaded.kind == builtin.kind

@@ -50,20 +50,20 @@ def tiny_clip_tokenizer(directory: str):
     return CLIPTokenizer(vocab_file, merges_file, model_max_length=MAX_TOKENS)
 
 
-def tiny_clip_text_encoder(vocab_size: int, end_token: int, start_token: int, seed: int = 0):
-    """A 2-layer ``CLIPTextModel`` of width 16 (one head of 16), the UNet's cross-attention width."""
+def tiny_clip_text_encoder(vocab_size: int, end_token: int, start_token: int, seed: int = 0, width: int = TEXT_DIM):
+    """A 2-layer ``CLIPTextModel`` of ``width`` (one head; 16 by default: the tiny UNet's cross-attention width)."""
     import torch
     from transformers import CLIPTextConfig, CLIPTextModel
 
     torch.manual_seed(seed)
     config = CLIPTextConfig(
         vocab_size=vocab_size,
-        hidden_size=TEXT_DIM,
-        intermediate_size=2 * TEXT_DIM,
+        hidden_size=width,
+        intermediate_size=2 * width,
         num_hidden_layers=2,
         num_attention_heads=1,
         max_position_embeddings=MAX_TOKENS,
-        projection_dim=TEXT_DIM,
+        projection_dim=width,
         bos_token_id=start_token,
         eos_token_id=end_token,
         pad_token_id=end_token,
