@@ -217,6 +217,14 @@ def _image_files(
     return files, entries, stale
 
 
+def _what(result) -> str:
+    """ "image", or "video (N frames)"."""
+    if result.image.ndim == 3:
+        return "image"
+    frames = result.image.shape[0]
+    return f"video ({frames} frame{'s' if frames != 1 else ''})"
+
+
 def _files_text(files: Dict[Path, bytes]) -> str:
     paths = list(files)
     if len(paths) > 2:
@@ -300,7 +308,7 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
             file=sys.stderr,
         )
         return 1
-    what = "image" if result.image.ndim == 3 else f"video ({result.image.shape[0]} frames)"
+    what = _what(result)
     print(f"{what}: {_files_text(files)}; report: {report_path}")
     return 0
 
@@ -352,7 +360,7 @@ def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]
         print(f"npu-port: the image is not finite ({result.non_finite} values are NaN or inf): no image written; "
               f"report: {plan.outputs.report}", file=sys.stderr)  # fmt: skip
         return 1
-    what = "image" if result.image.ndim == 3 else f"video ({result.image.shape[0]} frames)"
+    what = _what(result)
     print(f"{what}: {_files_text(files)}; report: {plan.outputs.report}")
     return 0
 

@@ -87,11 +87,32 @@ def run_rank(job: RankJob) -> Dict[str, Any]:
             session.close()
 
 
-def check_parallel_model(model: str, layout: Any) -> None:
+def split_sequences(config: Dict[str, Any], limits: Any, request: GenerationRequest) -> Dict[str, int]:
+    """The sequences a Flux- or Wan-style ``_cp_plan`` splits, with their lengths for ``request`` (sizes left out
+    take the model's defaults; empty when they are not known before loading)."""
+    defaults = limits.call_defaults if limits is not None else {}
+    height, width = request.height or defaults.get("height"), request.width or defaults.get("width")
+    if not height or not width or limits is None:
+        return {}
+    patches = (height // limits.factor) * (width // limits.factor)
+    if "joint_attention_dim" in config:  # Flux: image tokens and text tokens are both split
+        found = {"the image tokens": patches}
+        if "max_sequence_length" in defaults:
+            found["the text tokens"] = defaults["max_sequence_length"]
+        return found
+    if isinstance(config.get("patch_size"), list) and len(config["patch_size"]) == 3:  # Wan: the video tokens
+        frames = getattr(request, "frames", None) or defaults.get("num_frames")
+        if frames:
+            latent_frames = (frames - 1) // max(limits.frame_factor, 1) + 1
+            return {"the video tokens": latent_frames // config["patch_size"][0] * patches}
+    return {}
+
+
+def check_parallel_model(model: str, layout: Any, request: Optional[GenerationRequest] = None) -> None:
     """What can be known before any rank starts: the model's denoiser has a context-parallel plan (when the layout
-    splits the sequence) and its heads split over the Ulysses degree — read from the built-in model's or the
-    directory's config files."""
-    from ..parallel.layout import check_heads, models_with_plans
+    splits the sequence), its heads split over the Ulysses degree and, for Flux- and Wan-style models, the request's
+    sequences split over the ranks — read from the built-in model's or the directory's config files."""
+    from ..parallel.layout import check_heads, check_sequence, models_with_plans
 
     plan = describe_model(model)
     if not layout.context_parallel or not plan.builtin and not os.path.isdir(plan.source):
@@ -120,6 +141,9 @@ def check_parallel_model(model: str, layout: Any) -> None:
     heads = config.get("num_attention_heads")
     if isinstance(heads, int):
         check_heads(heads, layout)
+    if request is not None:
+        for name, length in split_sequences(config, plan.limits, request).items():
+            check_sequence(f"{model!r} at this size: {name}", length, layout)
 
 
 def run_parallel(
@@ -143,7 +167,7 @@ def run_parallel(
         )
     if describe_model(model).builtin:
         tiny_model_dir(model, on_build, cache)
-    check_parallel_model(model, layout)
+    check_parallel_model(model, layout, request)
     visible = None if device_type == "cpu" else device_count(device_type)
     env = rank_environment(device_type, layout.world, visible)
     job = RankJob(

@@ -68,7 +68,7 @@ class ParallelLayout:
             what = f"{nproc} processes" + (" with --cfg-parallel (2 guidance halves)" if cfg else "")
             raise ParallelError(
                 f"--ulysses {ulysses or '?'} x --ring {ring or '?'} does not fill {what}: the sequence is split over "
-                f"{sequence} ranks; valid layouts: {pairs}"
+                f"{sequence} rank{'s' if sequence != 1 else ''}; valid layouts: {pairs}"
             )
         return cls(ulysses, ring, cfg)
 
@@ -87,11 +87,12 @@ def check_sequence(name: str, length: int, layout: ParallelLayout) -> None:
     """A sequence split over the context-parallel ranks must give each at least one token, evenly."""
     ranks = layout.sequence
     if ranks > 1 and (length < ranks or length % ranks):
-        shorter = "is shorter than" if length < ranks else "does not split evenly over"
+        what = f"fewer than the {ranks}" if length < ranks else f"which do not split evenly over the {ranks}"
         valid = [d for d in divisors(length) if d <= 64]
         raise ParallelError(
-            f"{name} of {length} tokens {shorter} the {ranks} context-parallel ranks (ulysses {layout.ulysses} x ring "
-            f"{layout.ring}); valid ulysses x ring products for it: {', '.join(map(str, valid))}"
+            f"{name}: {length} token{'s' if length != 1 else ''}, {what} context-parallel ranks (ulysses "
+            f"{layout.ulysses} x ring {layout.ring}); valid ulysses x ring products for it: "
+            f"{', '.join(map(str, valid))}"
         )
 
 

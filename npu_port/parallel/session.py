@@ -237,7 +237,7 @@ def _add_split_checks(model: torch.nn.Module, plan: dict, layout: ParallelLayout
                     continue
                 dims_match = spec.expected_dims is None or getattr(value, "ndim", None) == spec.expected_dims
                 if isinstance(value, torch.Tensor) and dims_match:
-                    label = f"input {name!r} of {self.where or type(module).__name__}"
+                    label = f"input {name!r} of {self.where or type(module).__name__}"  # ": N tokens, ..." follows
                     check_sequence(label, int(value.shape[spec.split_dim]), layout)
             return args, kwargs
 
