@@ -1,0 +1,64 @@
+"""What each rank runs (started by :func:`tests.parallel.conftest.run_ranks`): one spawn runs every case of a test
+module, and returns plain tensors and dicts for the test to check in its own process."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Tuple
+
+import torch
+
+from . import models
+
+
+def attention_state(model: torch.nn.Module) -> Dict[str, Any]:
+    """What parallelizing changes and ``restore()`` must put back: each processor's backend and parallel config,
+    the diffusers hooks on every submodule (an emptied registry counts as none), the model's own parallel config,
+    and whether the backend is in diffusers' registry."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    from npu_port.parallel import backend
+
+    processors = [
+        (type(p).__name__, getattr(p._attention_backend, "value", p._attention_backend), repr(p._parallel_config))
+        for p in backend.attention_processors(model)
+    ]
+    hooks = {}
+    for name, module in model.named_modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        if registry is not None and registry._hook_order:
+            hooks[name or "<model>"] = list(registry._hook_order)
+    return {
+        "processors": processors,
+        "hooks": hooks,
+        "model_parallel_config": "_parallel_config" in vars(model),
+        "registered": backend.registered(),
+        "enum_member": "NPU_PORT" in AttentionBackendName.__members__,
+    }
+
+
+def context_parallel(kinds: Iterable[str], layouts: Iterable[Tuple[int, int]]) -> Dict[str, Any]:
+    """For each model kind: its outputs on this rank alone, then for each ``(ulysses, ring)`` layout, parallelized:
+    every mask variant's output and the bytes this rank sent during that forward; after ``restore()``, the outputs
+    and the attention state again."""
+    from npu_port.parallel import TRAFFIC, start
+
+    alone, parallel, restored, state = {}, {}, {}, {}
+    for kind in kinds:
+        model = models.build(kind)
+        state[kind, "before"] = attention_state(model)
+        for mask in models.MASKS[kind]:
+            alone[kind, mask] = models.run(model, kind, mask)
+        for ulysses, ring in layouts:
+            session = start(ulysses=ulysses, ring=ring)
+            handle = session.parallelize(model)
+            state[kind, ulysses, ring, "parallel"] = attention_state(model)
+            for mask in models.MASKS[kind]:
+                TRAFFIC.reset()
+                out = models.run(model, kind, mask)
+                parallel[kind, ulysses, ring, mask] = {"out": out, "traffic": TRAFFIC.snapshot()}
+            handle.restore()
+            session.close()
+            state[kind, ulysses, ring, "restored"] = attention_state(model)
+            for mask in models.MASKS[kind]:
+                restored[kind, ulysses, ring, mask] = models.run(model, kind, mask)
+    return {"alone": alone, "parallel": parallel, "restored": restored, "state": state}
