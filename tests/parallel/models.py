@@ -211,3 +211,73 @@ def run(model: torch.nn.Module, kind: str, mask: str) -> torch.Tensor:
         kwargs = wan_inputs(video_mask=mask == "video")
     with torch.no_grad():
         return model(**kwargs)[0]
+
+
+# ---- classifier-free guidance --------------------------------------------------------------------------------------
+
+CFG_STEPS = 3
+CFG_SCALE = 5.0
+CFG_LATENT = (1, 12, 8)  # batch, tokens, channels
+
+
+class TinyDenoiser(torch.nn.Module):
+    """A denoiser called as diffusers' transformers are (``hidden_states``, ``timestep``, ``encoder_hidden_states``,
+    ``return_dict``), nonlinear in all three so each guidance half and each step gives a different result."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        channels = CFG_LATENT[-1]
+        self.latent = torch.nn.Linear(channels, channels)
+        self.text = torch.nn.Linear(channels, channels)
+
+    def forward(self, hidden_states, timestep, encoder_hidden_states, return_dict=True):
+        from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+        text = self.text(encoder_hidden_states).mean(dim=1, keepdim=True)
+        out = torch.tanh(self.latent(hidden_states) + text + timestep.reshape(-1, 1, 1) / 1000)
+        return Transformer2DModelOutput(sample=out) if return_dict else (out,)
+
+
+def cfg_inputs():
+    gen = torch.Generator().manual_seed(4)
+    latents = torch.randn(*CFG_LATENT, generator=gen)
+    cond = torch.randn(1, 5, CFG_LATENT[-1], generator=gen)
+    uncond = torch.randn(1, 5, CFG_LATENT[-1], generator=gen)
+    return latents, cond, uncond
+
+
+def _step(latents, noise_uncond, noise_cond):
+    noise = noise_uncond + CFG_SCALE * (noise_cond - noise_uncond)
+    return latents - 0.1 * noise
+
+
+def alternate_guidance(model):
+    """Wan's and Flux's way: a conditional call, then an unconditional one, per step. Returns the final latents and,
+    per step, the conditional result as the pipeline saw it right after the first call (before the second)."""
+    latents, cond, uncond = cfg_inputs()
+    seen = []
+    with torch.no_grad():
+        for timestep in torch.linspace(900, 100, CFG_STEPS):
+            t = timestep[None]
+            noise_cond = model(hidden_states=latents, timestep=t, encoder_hidden_states=cond, return_dict=False)[0]
+            seen.append(noise_cond.clone())
+            noise_uncond = model(hidden_states=latents, timestep=t, encoder_hidden_states=uncond, return_dict=False)[0]
+            latents = _step(latents, noise_uncond, noise_cond)
+    return latents, seen
+
+
+def batch_guidance(model):
+    """Stable Diffusion's way: one call on the doubled batch (unconditional half first), split after."""
+    latents, cond, uncond = cfg_inputs()
+    with torch.no_grad():
+        for timestep in torch.linspace(900, 100, CFG_STEPS):
+            doubled = torch.cat([latents] * 2)
+            t = timestep.expand(doubled.shape[0])
+            noise = model(doubled, t, encoder_hidden_states=torch.cat([uncond, cond])).sample
+            noise_uncond, noise_cond = noise.chunk(2)
+            latents = _step(latents, noise_uncond, noise_cond)
+    return latents, []
+
+
+GUIDANCE = {"alternate": alternate_guidance, "batch": batch_guidance}

@@ -62,3 +62,33 @@ def context_parallel(kinds: Iterable[str], layouts: Iterable[Tuple[int, int]]) -
             for mask in models.MASKS[kind]:
                 restored[kind, ulysses, ring, mask] = models.run(model, kind, mask)
     return {"alone": alone, "parallel": parallel, "restored": restored, "state": state}
+
+
+def guidance_halves() -> Dict[str, Any]:
+    """CFG parallel on 2 ranks, for each way pipelines run guidance: the final latents on this rank alone, then with
+    one guidance half per rank (and what the pipeline saw between a step's two calls), the exchanges and bytes, and
+    the latents after ``restore()``."""
+    from npu_port.parallel import TRAFFIC, start
+
+    session = start(cfg_parallel=True)
+    results = {}
+    for mode, loop in models.GUIDANCE.items():
+        model = models.TinyDenoiser()
+        alone, _ = loop(model)
+        handle = session.parallelize(model, cfg_mode=mode)
+        TRAFFIC.reset()
+        out, seen = loop(model)
+        exchanges, traffic = handle.cfg.exchanges, TRAFFIC.snapshot()
+        handle.restore()
+        restored, _ = loop(model)
+        results[mode] = {
+            "cfg_rank": session.cfg_rank,
+            "alone": alone,
+            "out": out,
+            "seen": seen,
+            "exchanges": exchanges,
+            "traffic": traffic,
+            "restored": restored,
+        }
+    session.close()
+    return results
