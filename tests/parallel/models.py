@@ -281,3 +281,18 @@ def batch_guidance(model):
 
 
 GUIDANCE = {"alternate": alternate_guidance, "batch": batch_guidance}
+
+
+def flux_guidance(model, steps: int = 2):
+    """Flux's true-CFG way on the masked Flux model: a conditional and an unconditional call per step (the
+    unconditional text is another prompt with the same mask). Returns the final latents."""
+    kwargs = flux_inputs(masked=True)
+    latents, cond = kwargs.pop("hidden_states"), kwargs.pop("encoder_hidden_states")
+    uncond = torch.randn(cond.shape, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        for timestep in torch.linspace(0.9, 0.3, steps):
+            kwargs["timestep"] = timestep[None]
+            noise_cond = model(hidden_states=latents, encoder_hidden_states=cond, **kwargs)[0]
+            noise_uncond = model(hidden_states=latents, encoder_hidden_states=uncond, **kwargs)[0]
+            latents = _step(latents, noise_uncond, noise_cond)
+    return latents

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.e2e
 #: float32 parity with one process (the issue's bar).
 ATOL = 1e-5
 LAYOUTS = {2: [(2, 1), (1, 2)], 4: [(4, 1), (1, 4), (2, 2)]}
+#: (ulysses, ring) under CFG parallelism on 4 ranks: each guidance half split over 2.
+GUIDED = [(2, 1), (1, 2)]
 
 
 def _cases(nproc):
@@ -54,7 +56,7 @@ def two_ranks(tmp_path_factory):
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory):
     return run_ranks(
-        4, workers.context_parallel, list(models.MASKS), LAYOUTS[4], out_dir=tmp_path_factory.mktemp("cp4")
+        4, workers.context_parallel, list(models.MASKS), LAYOUTS[4], GUIDED, out_dir=tmp_path_factory.mktemp("cp4")
     )
 
 
@@ -147,3 +149,15 @@ def test_restore_gives_back_the_single_process_model(request, nproc, kind, ulyss
         for mask in models.MASKS[kind]:
             again = result["restored"][kind, ulysses, ring, mask]
             assert torch.equal(again, result["alone"][kind, mask]), f"rank {rank}, mask {mask}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ulysses, ring", GUIDED, ids=[f"u{u}r{r}" for u, r in GUIDED])
+def test_cfg_parallel_on_top_of_context_parallel_gives_the_single_process_latents(four_ranks, ulysses, ring):
+    expected = models.flux_guidance(models.build("flux"))
+    for rank, result in enumerate(four_ranks):
+        guided = result["guided"][ulysses, ring]
+        diff = (guided["out"] - expected).abs().max().item()
+        assert diff <= ATOL, f"rank {rank}: max |cfg x context parallel - one process| = {diff:.3g}"
+        assert guided["exchanges"] == 2  # one per step
+        assert torch.equal(guided["restored"], guided["alone"]), f"rank {rank}"

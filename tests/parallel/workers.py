@@ -36,10 +36,13 @@ def attention_state(model: torch.nn.Module) -> Dict[str, Any]:
     }
 
 
-def context_parallel(kinds: Iterable[str], layouts: Iterable[Tuple[int, int]]) -> Dict[str, Any]:
+def context_parallel(
+    kinds: Iterable[str], layouts: Iterable[Tuple[int, int]], guided: Iterable[Tuple[int, int]] = ()
+) -> Dict[str, Any]:
     """For each model kind: its outputs on this rank alone, then for each ``(ulysses, ring)`` layout, parallelized:
     every mask variant's output and the bytes this rank sent during that forward; after ``restore()``, the outputs
-    and the attention state again."""
+    and the attention state again. ``guided``: ``(ulysses, ring)`` layouts run with CFG parallelism on top (see
+    :func:`guided_context_parallel`)."""
     from npu_port.parallel import TRAFFIC, start
 
     alone, parallel, restored, state = {}, {}, {}, {}
@@ -61,7 +64,24 @@ def context_parallel(kinds: Iterable[str], layouts: Iterable[Tuple[int, int]]) -
             state[kind, ulysses, ring, "restored"] = attention_state(model)
             for mask in models.MASKS[kind]:
                 restored[kind, ulysses, ring, mask] = models.run(model, kind, mask)
-    return {"alone": alone, "parallel": parallel, "restored": restored, "state": state}
+    results = {"alone": alone, "parallel": parallel, "restored": restored, "state": state}
+    results["guided"] = {layout: guided_context_parallel(*layout) for layout in guided}
+    return results
+
+
+def guided_context_parallel(ulysses: int, ring: int) -> Dict[str, Any]:
+    """CFG parallelism on top of context parallelism: the masked Flux model's guided latents on this rank alone,
+    with each guidance half split over ``ulysses x ring`` ranks, and after ``restore()``."""
+    from npu_port.parallel import start
+
+    model = models.build("flux")
+    alone = models.flux_guidance(model)
+    session = start(ulysses=ulysses, ring=ring, cfg_parallel=True)
+    handle = session.parallelize(model, cfg_mode="alternate")
+    out = models.flux_guidance(model)
+    exchanges = handle.cfg.exchanges
+    session.close()
+    return {"alone": alone, "out": out, "exchanges": exchanges, "restored": models.flux_guidance(model)}
 
 
 def guidance_halves() -> Dict[str, Any]:
