@@ -1,20 +1,22 @@
-"""The multi-process harness of the parallel tests: N gloo ranks on this CPU for a worker function, started the way torchrun starts them: torch.distributed.elastic's
-``start_processes`` (spawned processes, per-rank environment, error files), connecting to a TCP store this process
-hosts on a free port, as torchrun's agent does.
+"""The multi-process harness of the parallel tests: N gloo ranks on this CPU for a worker function, started the way
+torchrun starts them — torch.distributed.elastic's ``start_processes`` (spawned processes, per-rank environment,
+error files) — connecting to a TCP store this process hosts on a free port, as torchrun's agent does.
 
 Why this and not ``subprocess`` + torchrun: the ranks import the worker by reference (no script to write), one spawn
-runs several cases, and torchrun's own machinery surfaces a failing rank's traceback. Each rank joins the process
+runs several cases, and torchrun's own machinery records a failing rank's traceback. Each rank joins the process
 group before the worker runs and writes what the worker returns to ``out_dir`` with ``torch.save``; the test reads
-it back. A rank that fails makes the test fail with its traceback and the last lines of every rank's stderr; ranks
-still running after ``timeout`` seconds (a hung collective) are killed and the test fails the same way instead of
-hanging CI.
+it back. A rank that fails makes the test fail with its traceback (the first rank to raise first) and the last lines
+of every rank's stderr; ranks still running after ``timeout`` seconds (a hung collective) are killed, each printing
+where it was, and the test fails instead of hanging CI.
 """
 
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -32,6 +34,7 @@ def _rank_main(worker: Callable[..., Any], out_dir: str, args: tuple) -> None:
     """One rank: join the gloo group, run ``worker(*args)``, save its result as ``rank<r>.pt``."""
     import torch.distributed as dist
 
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)  # killed at the timeout: say where it hung
     torch.set_num_threads(1)  # N ranks share a few cores: one thread each keeps them from oversubscribing
     dist.init_process_group("gloo", timeout=COLLECTIVE_TIMEOUT)
     result = worker(*args)  # an exception leaves the group as it is: the rank records its error before peers see it
