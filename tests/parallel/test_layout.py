@@ -48,6 +48,11 @@ def _error(call, *args) -> str:
             "--ulysses 4 x --ring ? does not fill 4 processes with --cfg-parallel (2 guidance halves): the sequence is "
             "split over 2 ranks; valid layouts: --ulysses 1 --ring 2, --ulysses 2 --ring 1",
         ),
+        (
+            (2, 2, None, True),
+            "--ulysses 2 x --ring ? does not fill 2 processes with --cfg-parallel (2 guidance halves): the sequence is "
+            "split over 1 rank; valid layouts: --ulysses 1 --ring 1",
+        ),
         ((2, -1, None, False), "--ulysses must be a whole number >= 1, got -1"),
         ((2, 2.0, None, False), "--ulysses must be a whole number >= 1, got 2.0"),
     ],
@@ -107,12 +112,16 @@ def test_check_sequence():
     check_sequence("input 'hidden_states' of blocks.0", 8, ParallelLayout(2, 2))
     check_sequence("anything", 3, ParallelLayout())  # one rank: nothing to split
     assert _error(check_sequence, "input 'hidden_states' of blocks.0", 3, ParallelLayout(2, 2)) == (
-        "input 'hidden_states' of blocks.0 of 3 tokens is shorter than the 4 context-parallel ranks (ulysses 2 x ring "
-        "2); valid ulysses x ring products for it: 1, 3"
+        "input 'hidden_states' of blocks.0: 3 tokens, fewer than the 4 context-parallel ranks (ulysses 2 x ring 2); "
+        "valid ulysses x ring products for it: 1, 3"
+    )
+    assert _error(check_sequence, "input 'mask' of <model>", 1, ParallelLayout(2, 1)) == (
+        "input 'mask' of <model>: 1 token, fewer than the 2 context-parallel ranks (ulysses 2 x ring 1); valid ulysses "
+        "x ring products for it: 1"
     )
     assert _error(check_sequence, "input 'x' of <model>", 130, ParallelLayout(1, 4)) == (
-        "input 'x' of <model> of 130 tokens does not split evenly over the 4 context-parallel ranks (ulysses 1 x ring "
-        "4); valid ulysses x ring products for it: 1, 2, 5, 10, 13, 26"
+        "input 'x' of <model>: 130 tokens, which do not split evenly over the 4 context-parallel ranks (ulysses 1 x "
+        "ring 4); valid ulysses x ring products for it: 1, 2, 5, 10, 13, 26"
     )
 
 
