@@ -6,8 +6,8 @@ Why this and not ``subprocess`` + torchrun: the ranks import the worker by refer
 runs several cases, and torchrun's own machinery records a failing rank's traceback. Each rank joins the process
 group before the worker runs and writes what the worker returns to ``out_dir`` with ``torch.save``; the test reads
 it back. A rank that fails makes the test fail with its traceback (the first rank to raise first) and the last lines
-of every rank's stderr; ranks still running after ``timeout`` seconds (a hung collective) are killed, each printing
-where it was, and the test fails instead of hanging CI.
+of every rank's stderr; ranks still running ``timeout`` seconds after all joined the group (a hung collective) are killed,
+each printing where it was, and the test fails instead of hanging CI.
 """
 
 from __future__ import annotations
@@ -17,14 +17,21 @@ import faulthandler
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 import torch
 
-#: How long one spawn may take before its ranks are taken as hung (the default suite's spawns take seconds).
+#: How long the ranks may run once all have joined the process group before they are taken as hung (the default
+#: suite's workers take seconds).
 TIMEOUT = 120.0
+#: How long starting them may take (spawn, imports, joining): kept apart from TIMEOUT so that a loaded machine's slow
+#: start-up does not eat a short TIMEOUT.
+START_TIMEOUT = 120.0
+#: The key of the TCP store each rank adds 1 to once it has joined the group.
+JOINED = "ptests/joined"
 #: How long a collective may wait inside a rank: less than TIMEOUT, so a rank left waiting on a peer fails with its
 #: own traceback (where it waited) before the harness kills it.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=90)
@@ -37,6 +44,7 @@ def _rank_main(worker: Callable[..., Any], out_dir: str, args: tuple) -> None:
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)  # killed at the timeout: say where it hung
     torch.set_num_threads(1)  # N ranks share a few cores: one thread each keeps them from oversubscribing
     dist.init_process_group("gloo", timeout=COLLECTIVE_TIMEOUT)
+    dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False).add(JOINED, 1)
     result = worker(*args)  # an exception leaves the group as it is: the rank records its error before peers see it
     torch.save(result, os.path.join(out_dir, f"rank{dist.get_rank()}.pt"))
     dist.destroy_process_group()
@@ -87,15 +95,28 @@ def run_ranks(nproc: int, worker: Callable[..., Any], *args: Any, out_dir: Path,
         logs_specs=DefaultLogsSpecs(log_dir=str(out_dir / "logs"), redirects=Std.ALL),
         start_method="spawn",
     )
+    started, joined = time.monotonic(), None
     try:
-        result = context.wait(timeout=timeout, period=0.05)
+        while True:
+            result = context.wait(timeout=0)  # a poll: the result once every rank is done or one has failed
+            now = time.monotonic()
+            if joined is None and store.add(JOINED, 0) == nproc:
+                joined = now
+            if result is not None or now > (started + START_TIMEOUT if joined is None else joined + timeout):
+                break
+            time.sleep(0.05)
     finally:
         context.close()  # kills ranks still running (a hang); a no-op when they are done
     logs = "\n".join(
         f"--- rank {rank} stderr (last lines) ---\n{_tail(path)}" for rank, path in context.stderrs.items()
     )
+    if result is None and joined is None:
+        pytest.fail(f"{nproc} ranks of {worker.__qualname__} not started after {START_TIMEOUT:.0f} s (killed)\n{logs}")
     if result is None:
-        pytest.fail(f"{nproc} ranks of {worker.__qualname__} still running after {timeout:.0f} s (killed)\n{logs}")
+        pytest.fail(
+            f"{nproc} ranks of {worker.__qualname__} still running {timeout:.0f} s after joining the group (killed)\n"
+            f"{logs}"
+        )
     if result.is_failed():
         raised = _raised(context.error_files)
         failed = "\n".join(f"--- rank {rank} raised ---\n{text}" for rank, text in raised)
