@@ -127,3 +127,22 @@ def run_ranks(nproc: int, worker: Callable[..., Any], *args: Any, out_dir: Path,
             )
         pytest.fail(f"{worker.__qualname__} failed on {nproc} ranks\n{failed}\n{logs}", pytrace=False)
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(nproc)]
+
+
+def shared_ranks(tmp_path_factory: pytest.TempPathFactory, name: str, nproc: int, worker: Callable[..., Any], *args):
+    """:func:`run_ranks` once per test session, under pytest-xdist too: the first xdist worker to ask runs the ranks
+    and saves their results in the session's shared temporary folder; the others wait for it and read them. (A
+    module fixture alone would spawn the ranks again in every xdist worker that gets one of the module's tests.)"""
+    from filelock import FileLock  # a dependency of torch
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the folder every xdist worker of this session shares
+    out_dir = root / f"ranks-{name}"
+    with FileLock(str(out_dir) + ".lock"):
+        saved = out_dir / "results.pt"
+        if saved.exists():
+            return torch.load(saved, weights_only=False)
+        results = run_ranks(nproc, worker, *args, out_dir=out_dir)
+        torch.save(results, saved)
+        return results

@@ -13,14 +13,14 @@ from npu_port.errors import ParallelError
 from npu_port.parallel.cfg import guidance_mode
 
 from . import models, workers
-from .conftest import run_ranks
+from .conftest import shared_ranks
 
 ATOL = 1e-6
 
 
 @pytest.fixture(scope="module")
 def cfg_ranks(tmp_path_factory):
-    return run_ranks(2, workers.guidance_halves, out_dir=tmp_path_factory.mktemp("cfg2"))
+    return shared_ranks(tmp_path_factory, "cfg2", 2, workers.guidance_halves)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from . import models, workers
-from .conftest import run_ranks
+from .conftest import shared_ranks
 
 pytestmark = pytest.mark.e2e
 
@@ -48,16 +48,12 @@ MODEL_LAYOUTS = _layouts(2) + _layouts(4)
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    return run_ranks(
-        2, workers.context_parallel, list(models.MASKS), LAYOUTS[2], out_dir=tmp_path_factory.mktemp("cp2")
-    )
+    return shared_ranks(tmp_path_factory, "cp2", 2, workers.context_parallel, list(models.MASKS), LAYOUTS[2])
 
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory):
-    return run_ranks(
-        4, workers.context_parallel, list(models.MASKS), LAYOUTS[4], GUIDED, out_dir=tmp_path_factory.mktemp("cp4")
-    )
+    return shared_ranks(tmp_path_factory, "cp4", 4, workers.context_parallel, list(models.MASKS), LAYOUTS[4], GUIDED)
 
 
 def _ranks(request, nproc):
