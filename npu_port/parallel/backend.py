@@ -38,7 +38,9 @@ _USERS = 0
 
 class _GatheredMask:
     """The last key mask gathered, kept while the same tensor (same version) comes back: a model's layers pass the
-    same mask object call after call, so it crosses the network once per forward, not once per layer."""
+    same mask object call after call, so it crosses the network once per forward, not once per layer. Keyed on the
+    tensor the caller passed (``source``), not on its widened form: widening a 2-D or 3-D mask makes a new view at
+    every call."""
 
     def __init__(self) -> None:
         self.source: Optional["weakref.ref[Tensor]"] = None
@@ -46,23 +48,24 @@ class _GatheredMask:
         self.groups: Optional[SequenceGroups] = None
         self.gathered: Optional[Tensor] = None
 
-    def get(self, mask: Tensor, groups: SequenceGroups) -> Tensor:
-        source = self.source() if self.source is not None else None
-        if source is mask and self.version == mask._version and self.groups is groups and self.gathered is not None:
+    def get(self, source: Tensor, mask: Tensor, groups: SequenceGroups) -> Tensor:
+        """``mask`` (``source`` as the caller passed it, widened) gathered, or the copy kept for ``source``."""
+        kept = self.source() if self.source is not None else None
+        if kept is source and self.version == source._version and self.groups is groups and self.gathered is not None:
             return self.gathered
         gathered = gather_key_mask(mask, groups)
-        self.source, self.version, self.groups, self.gathered = weakref.ref(mask), mask._version, groups, gathered
+        self.source, self.version, self.groups, self.gathered = weakref.ref(source), source._version, groups, gathered
         return gathered
 
 
 _MASKS = threading.local()
 
 
-def _gathered(mask: Tensor, groups: SequenceGroups) -> Tensor:
+def _gathered(source: Tensor, mask: Tensor, groups: SequenceGroups) -> Tensor:
     cache = getattr(_MASKS, "cache", None)
     if cache is None:
         cache = _MASKS.cache = _GatheredMask()
-    return cache.get(mask, groups)
+    return cache.get(source, mask, groups)
 
 
 def _kernels() -> Tuple[Callable[..., Tensor], Callable[..., Tuple[Tensor, Tensor]]]:
@@ -118,7 +121,7 @@ def npu_port_attention(
     check_call(query, key, value, dropout_p, is_causal, enable_gqa, groups)
     mask = key_mask(attn_mask, query.shape[0], query.shape[2], key.shape[1])
     if mask is not None:
-        mask = _gathered(mask, groups)
+        mask = _gathered(attn_mask, mask, groups)
 
     def attend(q: Tensor, k: Tensor, v: Tensor, m: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         out, lse = with_lse(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), m, scale=scale)

@@ -207,13 +207,14 @@ def key_mask(mask: Optional[Tensor], batch: int, heads: int, local_keys: int) ->
     rank's keys, split with the sequence by the model's ``_cp_plan``, and cannot vary per query."""
     if mask is None:
         return None
+    given = tuple(mask.shape)  # named in the error as the caller passed it, not as widened here
     if mask.ndim == 2 and mask.shape[0] in (1, batch):
         mask = mask[:, None, None, :]
     elif mask.ndim == 3:
         mask = mask[:, None]
     if mask.ndim != 4 or mask.shape[2] != 1 or mask.shape[1] not in (1, heads) or mask.shape[0] not in (1, batch):
         raise ParallelError(
-            f"attention mask of shape {tuple(mask.shape)} under context parallelism: only key masks can be split with "
+            f"attention mask of shape {given} under context parallelism: only key masks can be split with "
             f"the sequence — (batch, keys), (batch, 1, keys) or (batch, 1 or heads, 1, keys); a mask that varies per "
             "query needs the whole sequence on one device"
         )

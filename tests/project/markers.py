@@ -14,8 +14,9 @@ from typing import Dict, Iterable, Iterator, List, Set, Tuple
 TESTS = Path(__file__).resolve().parents[1]
 #: ``subprocess`` functions that start a process (``CompletedProcess`` or a monkeypatched ``subprocess.run`` does not).
 SPAWN_CALLS = {"run", "Popen", "check_output", "check_call", "call"}
-#: Names whose use means "another process": the interpreter's path, torchrun, and the browser the demo's tests drive.
-SPAWNING = {"executable", "torchrun", "chromium", "sync_playwright"}
+#: Names whose use means "another process": the interpreter's path, torchrun and its ``start_processes`` (the
+#: parallel tests' ranks), and the browser the demo's tests drive.
+SPAWNING = {"executable", "torchrun", "start_processes", "chromium", "sync_playwright"}
 
 
 def _names(node: ast.AST) -> Set[str]:

@@ -1,0 +1,114 @@
+"""What each rank runs (started by :func:`tests.parallel.conftest.run_ranks`): one spawn runs every case of a test
+module, and returns plain tensors and dicts for the test to check in its own process."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Tuple
+
+import torch
+
+from . import models
+
+
+def attention_state(model: torch.nn.Module) -> Dict[str, Any]:
+    """What parallelizing changes and ``restore()`` must put back: each processor's backend and parallel config,
+    the diffusers hooks on every submodule (an emptied registry counts as none), the model's own parallel config,
+    and whether the backend is in diffusers' registry."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    from npu_port.parallel import backend
+
+    processors = [
+        (type(p).__name__, getattr(p._attention_backend, "value", p._attention_backend), repr(p._parallel_config))
+        for p in backend.attention_processors(model)
+    ]
+    hooks = {}
+    for name, module in model.named_modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        if registry is not None and registry._hook_order:
+            hooks[name or "<model>"] = list(registry._hook_order)
+    return {
+        "processors": processors,
+        "hooks": hooks,
+        "model_parallel_config": "_parallel_config" in vars(model),
+        "registered": backend.registered(),
+        "enum_member": "NPU_PORT" in AttentionBackendName.__members__,
+    }
+
+
+def context_parallel(
+    kinds: Iterable[str], layouts: Iterable[Tuple[int, int]], guided: Iterable[Tuple[int, int]] = ()
+) -> Dict[str, Any]:
+    """For each model kind: its outputs on this rank alone, then for each ``(ulysses, ring)`` layout, parallelized:
+    every mask variant's output and the bytes this rank sent during that forward; after ``restore()``, the outputs
+    and the attention state again. ``guided``: ``(ulysses, ring)`` layouts run with CFG parallelism on top (see
+    :func:`guided_context_parallel`)."""
+    from npu_port.parallel import TRAFFIC, start
+
+    alone, parallel, restored, state = {}, {}, {}, {}
+    for kind in kinds:
+        model = models.build(kind)
+        state[kind, "before"] = attention_state(model)
+        for mask in models.MASKS[kind]:
+            alone[kind, mask] = models.run(model, kind, mask)
+        for ulysses, ring in layouts:
+            session = start(ulysses=ulysses, ring=ring)
+            handle = session.parallelize(model)
+            state[kind, ulysses, ring, "parallel"] = attention_state(model)
+            for mask in models.MASKS[kind]:
+                TRAFFIC.reset()
+                out = models.run(model, kind, mask)
+                parallel[kind, ulysses, ring, mask] = {"out": out, "traffic": TRAFFIC.snapshot()}
+            handle.restore()
+            session.close()
+            state[kind, ulysses, ring, "restored"] = attention_state(model)
+            for mask in models.MASKS[kind]:
+                restored[kind, ulysses, ring, mask] = models.run(model, kind, mask)
+    results = {"alone": alone, "parallel": parallel, "restored": restored, "state": state}
+    results["guided"] = {layout: guided_context_parallel(*layout) for layout in guided}
+    return results
+
+
+def guided_context_parallel(ulysses: int, ring: int) -> Dict[str, Any]:
+    """CFG parallelism on top of context parallelism: the masked Flux model's guided latents on this rank alone,
+    with each guidance half split over ``ulysses x ring`` ranks, and after ``restore()``."""
+    from npu_port.parallel import start
+
+    model = models.build("flux")
+    alone = models.flux_guidance(model)
+    session = start(ulysses=ulysses, ring=ring, cfg_parallel=True)
+    handle = session.parallelize(model, cfg_mode="alternate")
+    out = models.flux_guidance(model)
+    exchanges = handle.cfg.exchanges
+    session.close()
+    return {"alone": alone, "out": out, "exchanges": exchanges, "restored": models.flux_guidance(model)}
+
+
+def guidance_halves() -> Dict[str, Any]:
+    """CFG parallel on 2 ranks, for each way pipelines run guidance: the final latents on this rank alone, then with
+    one guidance half per rank (and what the pipeline saw between a step's two calls), the exchanges and bytes, and
+    the latents after ``restore()``."""
+    from npu_port.parallel import TRAFFIC, start
+
+    session = start(cfg_parallel=True)
+    results = {}
+    for mode, loop in models.GUIDANCE.items():
+        model = models.TinyDenoiser()
+        alone, _ = loop(model)
+        handle = session.parallelize(model, cfg_mode=mode)
+        TRAFFIC.reset()
+        out, seen = loop(model)
+        exchanges, traffic = handle.cfg.exchanges, TRAFFIC.snapshot()
+        handle.restore()
+        restored, _ = loop(model)
+        results[mode] = {
+            "cfg_rank": session.cfg_rank,
+            "alone": alone,
+            "out": out,
+            "seen": seen,
+            "exchanges": exchanges,
+            "traffic": traffic,
+            "restored": restored,
+        }
+    session.close()
+    return results
