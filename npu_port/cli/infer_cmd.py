@@ -61,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parallel.add_argument("--ulysses", type=int, default=None,
                           help="Ulysses degree: heads exchanged for sequence (default: the ranks left)")  # fmt: skip
     parallel.add_argument("--ring", type=int, default=None, help="ring degree: keys passed round (default 1)")
+    parallel.add_argument("--ulysses-anything", action="store_true",
+                          help="let --ulysses split heads it does not divide (pads them; ring 1)")  # fmt: skip
     parallel.add_argument("--cfg-parallel", action="store_true",
                           help="conditional and unconditional halves of guidance on two ranks")  # fmt: skip
     output = parser.add_argument_group("output")
@@ -172,11 +174,13 @@ def _layout(args: argparse.Namespace):
     """The multi-device layout for --nproc > 1 (None for one process), with what cannot be combined with it."""
     from ..errors import InferenceError
 
-    parallel = args.ulysses is not None or args.ring is not None or args.cfg_parallel
+    parallel = args.ulysses is not None or args.ring is not None or args.cfg_parallel or args.ulysses_anything
     if args.nproc == 1 and not parallel:
         return None
     if args.nproc == 1:
         raise InferenceError("--ulysses / --ring / --cfg-parallel need --nproc N (the processes to split over)")
+    if args.ulysses_anything and (args.ring or 1) > 1:
+        raise InferenceError("--ulysses-anything works with --ring 1 only (diffusers' rule)")
     for flag, value in (("--compare", args.compare), ("--text-encoder-device", args.text_encoder_device)):
         if value:
             raise InferenceError(f"{flag} runs in one process; leave it out with --nproc {args.nproc}")
@@ -332,6 +336,7 @@ def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]
         plan.layout,
         plan.cache,
         not args.no_progress,
+        anything=args.ulysses_anything,
         on_build=lambda message: print(f"npu-port: {message}", file=sys.stderr),
     )
     report: Dict[str, Any] = {

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from ..errors import NpuPortError, ParallelError
+from ..errors import ParallelError
 from .models import TINY_MODELS, describe_model, tiny_model_dir
 from .paths import CacheLocation
 from .run import GenerationRequest, GenerationResult
@@ -35,6 +35,7 @@ class RankJob:
     cfg: bool
     cache_root: Optional[str]
     progress: bool
+    anything: bool = False  # --ulysses-anything
 
 
 def _quiet_diffusers() -> None:
@@ -48,7 +49,8 @@ def _quiet_diffusers() -> None:
 
 
 def run_rank(job: RankJob) -> Dict[str, Any]:
-    """One rank's whole part (the launcher's entry point). An npu-port error comes back as ``{"error": line}``."""
+    """One rank's whole part (the launcher's entry point). Any error is raised: the launcher stops the other ranks
+    (which may be waiting in a collective) and reports the first failure in one line."""
     import torch
 
     from ..parallel import TRAFFIC, ParallelLayout, start
@@ -56,9 +58,8 @@ def run_rank(job: RankJob) -> Dict[str, Any]:
     from .run import generate
 
     _quiet_diffusers()
-    session = None
+    session = start(ParallelLayout(job.ulysses, job.ring, job.cfg), device=job.device_type)
     try:
-        session = start(ParallelLayout(job.ulysses, job.ring, job.cfg), device=job.device_type)
         cache = CacheLocation(None if job.cache_root is None else Path(job.cache_root))
         loaded = load_pipeline(
             job.model,
@@ -67,7 +68,7 @@ def run_rank(job: RankJob) -> Dict[str, Any]:
             progress_bar=job.progress and session.is_main,
             cache=cache,
         )
-        session.parallelize(loaded.pipe)
+        session.parallelize(loaded.pipe, anything=job.anything)
         TRAFFIC.reset()
         result = generate(loaded, GenerationRequest(**job.request))
         steps = len(result.step_s) + 1
@@ -80,8 +81,6 @@ def run_rank(job: RankJob) -> Dict[str, Any]:
             "traffic": TRAFFIC.snapshot(),
             "bytes_sent_per_step": TRAFFIC.total_bytes / steps,
         }
-    except NpuPortError as exc:
-        return {"rank": session.rank if session else int(os.environ.get("RANK", 0)), "error": str(exc)}
     finally:
         if session is not None:
             session.close()
@@ -108,14 +107,16 @@ def split_sequences(config: Dict[str, Any], limits: Any, request: GenerationRequ
     return {}
 
 
-def check_parallel_model(model: str, layout: Any, request: Optional[GenerationRequest] = None) -> None:
+def check_parallel_model(
+    model: str, layout: Any, request: Optional[GenerationRequest] = None, anything: bool = False
+) -> None:
     """What can be known before any rank starts: the model's denoiser has a context-parallel plan (when the layout
     splits the sequence), its heads split over the Ulysses degree and, for Flux- and Wan-style models, the request's
     sequences split over the ranks — read from the built-in model's or the directory's config files."""
     from ..parallel.layout import check_heads, check_sequence, models_with_plans
 
     plan = describe_model(model)
-    if not layout.context_parallel or not plan.builtin and not os.path.isdir(plan.source):
+    if not plan.builtin and not os.path.isdir(plan.source):
         return
     import json
 
@@ -127,6 +128,13 @@ def check_parallel_model(model: str, layout: Any, request: Optional[GenerationRe
                 config = json.load(fh)
             break
     else:
+        return
+    if layout.cfg and config.get("guidance_embeds"):
+        raise ParallelError(
+            f"{model!r}: its {config.get('_class_name', 'transformer')} is guidance-distilled (guidance_embeds): the "
+            "pipeline calls it once per step, so --cfg-parallel has no second half to run; use --ulysses / --ring"
+        )
+    if not layout.context_parallel:
         return
     import diffusers
 
@@ -140,7 +148,7 @@ def check_parallel_model(model: str, layout: Any, request: Optional[GenerationRe
         )
     heads = config.get("num_attention_heads")
     if isinstance(heads, int):
-        check_heads(heads, layout)
+        check_heads(heads, layout, anything)
     if request is not None:
         for name, length in split_sequences(config, plan.limits, request).items():
             check_sequence(f"{model!r} at this size: {name}", length, layout)
@@ -155,6 +163,7 @@ def run_parallel(
     cache: CacheLocation,
     progress: bool,
     on_build: Any = None,
+    anything: bool = False,
 ) -> tuple:
     """Generate over ``layout.world`` ranks; returns (rank 0's :class:`GenerationResult`, per-rank summaries)."""
     from ..device.helpers import device_count
@@ -167,7 +176,7 @@ def run_parallel(
         )
     if describe_model(model).builtin:
         tiny_model_dir(model, on_build, cache)
-    check_parallel_model(model, layout, request)
+    check_parallel_model(model, layout, request, anything)
     visible = None if device_type == "cpu" else device_count(device_type)
     env = rank_environment(device_type, layout.world, visible)
     job = RankJob(
@@ -180,12 +189,10 @@ def run_parallel(
         layout.cfg,
         None if cache.root is None else str(cache.root),
         progress,
+        anything,
     )
     returned = launch(run_rank, (job,), layout.world, env)
     ranks: List[Dict[str, Any]] = [returned[r] for r in sorted(returned)]
-    errors = [r for r in ranks if "error" in r]
-    if errors:
-        raise ParallelError(errors[0]["error"])
     main = ranks[0]
     fields = dict(main["result"], image=np.asarray(main["image"]))
     result = GenerationResult(**fields)

@@ -62,6 +62,8 @@ _MASKS = threading.local()
 
 
 def _gathered(source: Tensor, mask: Tensor, groups: SequenceGroups) -> Tensor:
+    if source.is_inference():  # no version counter to tell a changed mask from the same one: gather every time
+        return gather_key_mask(mask, groups)
     cache = getattr(_MASKS, "cache", None)
     if cache is None:
         cache = _MASKS.cache = _GatheredMask()
@@ -127,7 +129,10 @@ def npu_port_attention(
         out, lse = with_lse(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), m, scale=scale)
         return out.transpose(1, 2), lse.transpose(1, 2)
 
-    return context_parallel_attention(query, key, value, mask, groups, attend, return_lse)
+    def attend_plain(q: Tensor, k: Tensor, v: Tensor, m: Optional[Tensor]) -> Tensor:
+        return function(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), m, scale=scale).transpose(1, 2)
+
+    return context_parallel_attention(query, key, value, mask, groups, attend, return_lse, attend_plain)
 
 
 # ---- registration -----------------------------------------------------------------------------------------------

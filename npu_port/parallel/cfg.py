@@ -106,9 +106,13 @@ class GuidanceSplitHook:
             )
         half = batch // 2
 
-        def mine(value: Any) -> Any:
+        def mine(value: Any) -> Any:  # nested too: SDXL's added_cond_kwargs carry the batch in a dict
             if isinstance(value, Tensor) and value.ndim and value.shape[0] == batch:
                 return value[self.rank * half : (self.rank + 1) * half]
+            if isinstance(value, dict):
+                return {k: mine(v) for k, v in value.items()}
+            if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+                return type(value)(mine(v) for v in value)
             return value
 
         output = forward(*(mine(a) for a in args), **{k: mine(v) for k, v in kwargs.items()})
@@ -119,17 +123,42 @@ class GuidanceSplitHook:
 
     # ---- alternate ------------------------------------------------------------------------------------------
 
-    def _alternate(self, forward: Any, args: Tuple[Any, ...], kwargs: dict) -> Any:
-        first = self.calls % 2 == 0
+    def _branch(self, context: Any) -> int:
+        """0 for the conditional call, 1 for the unconditional one: by diffusers' cache-context name when the
+        pipeline gives one ("cond" / "uncond"), else by order (conditional first)."""
+        name = context if isinstance(context, str) else getattr(context, "name", None)  # older diffusers: the name
+        if name in ("cond", "uncond"):
+            self.calls += 1
+            return 0 if name == "cond" else 1
+        branch = self.calls % 2
         self.calls += 1
+        return branch
+
+    def reset(self) -> None:
+        """Forget a half-finished step (an interrupted run): the next call starts a step."""
+        self.calls, self.placeholder, self.sent = 0, None, None
+
+    def _alternate(self, forward: Any, args: Tuple[Any, ...], kwargs: dict, context: Any = None) -> Any:
+        branch = self._branch(context)
         hidden = _hidden_states(args, kwargs)
-        if first:
+        if branch == 0:
+            if self.placeholder is not None or self.sent is not None:
+                raise ParallelError(
+                    "CFG parallel: a conditional call came before the previous step's unconditional one (guidance off "
+                    "for a step, or an interrupted run: call handle.reset() first); run such a pipeline without "
+                    "--cfg-parallel"
+                )
             if self.rank == 1:  # the conditional call is rank 0's: answer at once, filled in the second call
                 self.placeholder = torch.full_like(hidden, float("nan"))
                 return _shaped_output(self.placeholder, kwargs)
             output = forward(*args, **kwargs)
             self.sent = _same_shape(_output_tensor(output), hidden)  # exchanged in the second call
             return output
+        if (self.sent if self.rank == 0 else self.placeholder) is None:
+            raise ParallelError(
+                "CFG parallel: an unconditional call without the conditional one before it; run this pipeline without "
+                "--cfg-parallel"
+            )
         if self.rank == 0:  # the unconditional call is rank 1's
             both = all_gather_stacked(self.sent, self.group, 2)
             self.sent = None
@@ -142,10 +171,10 @@ class GuidanceSplitHook:
         self.placeholder = None
         return output
 
-    def run(self, forward: Any, args: Tuple[Any, ...], kwargs: dict) -> Any:
+    def run(self, forward: Any, args: Tuple[Any, ...], kwargs: dict, context: Any = None) -> Any:
         if self.mode == "batch":
             return self._batch(forward, args, kwargs)
-        return self._alternate(forward, args, kwargs)
+        return self._alternate(forward, args, kwargs, context)
 
 
 def _same_shape(output: Tensor, hidden: Tensor) -> Tensor:
@@ -171,16 +200,27 @@ def _shaped_output(tensor: Tensor, kwargs: dict) -> Any:
 def make_hook(mode: str, group: Any, rank: int) -> Any:
     """A diffusers ``ModelHook`` running :class:`GuidanceSplitHook` around the denoiser's forward."""
     from diffusers.hooks import ModelHook
+    from diffusers.hooks.hooks import BaseState, StateManager
+
+    class _Nothing(BaseState):
+        def reset(self, *args: Any, **kwargs: Any) -> None:
+            pass
 
     class CFGParallelHook(ModelHook):
+        _is_stateful = True  # so that diffusers hands it the cache context ("cond" / "uncond") of each call
+
         def __init__(self) -> None:
             super().__init__()
             self.split = GuidanceSplitHook(mode, group, rank)
+            self.contexts = StateManager(_Nothing)
 
         def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-            return self.split.run(self.fn_ref.original_forward, args, kwargs)
+            contexts = self.contexts
+            context = getattr(contexts, "_context", None) or getattr(contexts, "_current_context", None)
+            return self.split.run(self.fn_ref.original_forward, args, kwargs, context)
 
         def reset_state(self, module: torch.nn.Module) -> None:
-            self.split.calls, self.split.placeholder, self.split.sent = 0, None, None
+            self.split.reset()
+            self.contexts.reset()
 
     return CFGParallelHook()

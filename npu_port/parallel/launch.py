@@ -15,10 +15,14 @@ side:
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import sys
 import uuid
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
+from .. import errors
 from ..errors import ParallelError
 
 #: Seconds (as strings: environment values) for HCCL's connection set-up and for one collective.
@@ -50,9 +54,77 @@ def rank_environment(device_type: str, nproc: int, visible_count: Optional[int])
     return env
 
 
+#: The launcher's loggers: they print a failed rank's traceback as log lines; :func:`launch` says it once instead.
+_QUIET = ("torch.distributed.elastic", "torch.multiprocessing.spawn", "torch.distributed.launcher")
+
+
+#: The signals the launcher's agent takes over (its ``signals_to_handle``) and does not give back.
+_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+@contextlib.contextmanager
+def _quiet_launcher() -> Iterator[None]:
+    """The launcher's loggers quiet and, afterwards, this process's signal handlers as they were: the agent installs
+    its own (Ctrl-C raising its SignalException) and leaves them in place after the run."""
+    import signal
+    import threading
+
+    saved = [(logging.getLogger(name), logging.getLogger(name).level) for name in _QUIET]
+    for logger, _ in saved:
+        logger.setLevel(logging.CRITICAL)
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {sig: signal.getsignal(sig) for sig in (getattr(signal, n, None) for n in _SIGNALS) if sig}
+    try:
+        yield
+    finally:
+        for logger, level in saved:
+            logger.setLevel(level)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def failure_error(exc: Any) -> ParallelError:
+    """One line for the rank that failed first (torchelastic records each rank's exception): an npu-port error's own
+    message as it is (bad input, the same on every rank), anything else as "rank N failed: ..." after printing that
+    rank's traceback to stderr."""
+    rank, failure = exc.get_first_failure()
+    message = failure.message
+    text = message.get("message", "") if isinstance(message, dict) else str(message or "")
+    name, _, rest = text.partition(": ")
+    kind = getattr(errors, name, None)
+    if isinstance(kind, type) and issubclass(kind, errors.NpuPortError) and rest:
+        return ParallelError(rest)
+    stack = message.get("extraInfo", {}).get("py_callstack") if isinstance(message, dict) else None
+    if stack:
+        print(stack.rstrip(), file=sys.stderr)
+    first = text.strip().splitlines()[0] if text.strip() else f"exit code {failure.exitcode}"
+    return ParallelError(f"rank {rank} failed: {first}")
+
+
+def set_environment(values: Dict[str, str]) -> Dict[str, Optional[str]]:
+    """Set ``values`` in ``os.environ``; returns what was there, for :func:`put_back_environment`."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    return saved
+
+
+def put_back_environment(saved: Dict[str, Optional[str]]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def launch(entrypoint: Callable[..., Any], args: tuple, nproc: int, env: Dict[str, str]) -> Dict[int, Any]:
     """Run ``entrypoint(*args)`` in ``nproc`` ranks on this machine (torchrun's ``--standalone``); returns
-    ``{rank: return value}``. ``env`` is set for the ranks (and restored here afterwards)."""
+    ``{rank: return value}``. ``env`` is set for the ranks (and restored here afterwards).
+
+    When a rank raises, the agent stops the others (no rank waits for ever in a collective) and the first failure
+    becomes one :class:`ParallelError` (:func:`failure_error`); Ctrl-C becomes ``KeyboardInterrupt``."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(
@@ -67,13 +139,13 @@ def launch(entrypoint: Callable[..., Any], args: tuple, nproc: int, env: Dict[st
         monitor_interval=0.1,
         start_method="spawn",
     )
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    saved = set_environment(env)
     try:
-        return elastic_launch(config, entrypoint)(*args)
+        with _quiet_launcher():
+            return elastic_launch(config, entrypoint)(*args)
+    except ChildFailedError as exc:
+        raise failure_error(exc) from None
+    except SignalException:
+        raise KeyboardInterrupt from None
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        put_back_environment(saved)

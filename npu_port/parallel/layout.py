@@ -53,6 +53,9 @@ class ParallelLayout:
         first: it needs no log-sum-exp and moves less), and a product that is not N is refused with the choices."""
         if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
             raise ParallelError(f"--nproc must be a whole number >= 1, got {nproc!r}")
+        for name, value in (("ulysses", ulysses), ("ring", ring)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ParallelError(f"--{name} must be a whole number >= 1, got {value!r}")
         halves = 2 if cfg else 1
         if nproc % halves:
             raise ParallelError(f"--cfg-parallel needs an even --nproc (one half of guidance per rank), got {nproc}")
@@ -73,13 +76,13 @@ class ParallelLayout:
         return cls(ulysses, ring, cfg)
 
 
-def check_heads(heads: int, layout: ParallelLayout, anything: bool = False) -> None:
-    """Ulysses gives each rank ``heads / U`` heads."""
+def check_heads(heads: int, layout: ParallelLayout, anything: bool = False, hint: str = "--ulysses-anything") -> None:
+    """Ulysses gives each rank ``heads / U`` heads. ``hint``: how the caller turns on the variant that pads them."""
     if layout.ulysses > 1 and heads % layout.ulysses and not anything:
+        with_ring = " (with ring 1)" if layout.ring > 1 else ""
         raise ParallelError(
             f"the model has {heads} attention heads, which do not split over --ulysses {layout.ulysses}; valid "
-            f"Ulysses degrees: {', '.join(map(str, divisors(heads)))} (or the ulysses_anything variant, which pads "
-            "the heads)"
+            f"Ulysses degrees: {', '.join(map(str, divisors(heads)))} (or {hint}{with_ring}, which pads the heads)"
         )
 
 

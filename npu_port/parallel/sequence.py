@@ -168,8 +168,13 @@ def context_parallel_attention(
     groups: SequenceGroups,
     attend: AttendLse,
     return_lse: bool = False,
+    attend_plain: Optional[Callable[[Tensor, Tensor, Tensor, Optional[Tensor]], Tensor]] = None,
 ):
     """Attention over the whole split sequence, from this rank's chunk: Ulysses, then ring, then Ulysses back.
+
+    ``attend_plain`` (same arguments, the output alone): used when nothing needs the log-sum-exp — Ulysses alone
+    and no ``return_lse`` — so that kernels that cannot return it (SDPA's flash / efficient backends on CUDA,
+    xformers) still run.
 
     ``mask``: None, or a key mask over the *whole* key sequence in rank order (``(B, 1 or H, 1, U*R*S_kv)``; see
     :func:`gather_key_mask`). Returns ``out`` in ``query``'s dtype, and ``lse`` ``(B, S, H)`` float32 when asked."""
@@ -188,6 +193,8 @@ def context_parallel_attention(
             mask = mask[:, groups.ulysses_rank * share : (groups.ulysses_rank + 1) * share]
     if groups.ring > 1:
         out, lse = ring_attention(query, key, value, mask, groups, attend)
+    elif attend_plain is not None and not return_lse:
+        out, lse = attend_plain(query, key, value, mask), None
     else:
         out, lse = attend(query, key, value, mask)
     out = out.to(query.dtype)
@@ -212,7 +219,11 @@ def key_mask(mask: Optional[Tensor], batch: int, heads: int, local_keys: int) ->
         mask = mask[:, None, None, :]
     elif mask.ndim == 3:
         mask = mask[:, None]
-    if mask.ndim != 4 or mask.shape[2] != 1 or mask.shape[1] not in (1, heads) or mask.shape[0] not in (1, batch):
+    if mask.ndim == 4 and mask.shape[2] == 1 and mask.shape[1] in (1, heads) and mask.shape[0] not in (1, batch):
+        raise ParallelError(
+            f"attention mask of shape {given} is for a batch of {mask.shape[0]}, but the call's batch is {batch}"
+        )
+    if mask.ndim != 4 or mask.shape[2] != 1 or mask.shape[1] not in (1, heads):
         raise ParallelError(
             f"attention mask of shape {given} under context parallelism: only key masks can be split with "
             f"the sequence — (batch, keys), (batch, 1, keys) or (batch, 1 or heads, 1, keys); a mask that varies per "

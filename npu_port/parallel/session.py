@@ -32,6 +32,7 @@ from .. import _patching
 from ..device import get_device
 from ..device.distributed import default_backend
 from ..errors import ParallelError
+from .launch import put_back_environment, set_environment
 from .layout import ParallelLayout, check_heads, check_plan, check_sequence
 
 #: How long a collective may wait: the first step on an NPU compiles graphs for minutes, and a rank that is still
@@ -72,6 +73,7 @@ class ParallelSession:
     mesh: Any
     owns_group: bool = False
     handles: List["ParallelHandle"] = field(default_factory=list)
+    environment: dict = field(default_factory=dict)  # variables start() set for a world of one, with what was there
 
     @property
     def is_main(self) -> bool:
@@ -85,20 +87,26 @@ class ParallelSession:
     def parallelize(self, target: Any, *, cfg_mode: str = "auto", anything: bool = False) -> "ParallelHandle":
         """Make ``target`` (a pipeline with a ``transformer`` or ``unet``, or the model itself) run on this layout;
         undo with the handle's ``restore()``. ``anything``: diffusers' ``ulysses_anything`` (any head count)."""
-        denoiser = _denoiser(target)
+        denoisers = _denoisers(target)
+        if anything and self.layout.ring > 1:
+            raise ParallelError(
+                "ulysses_anything works with ring 1 only (diffusers' rule); give ring=1 or anything=False"
+            )
         handle = ParallelHandle()
         try:
-            if self.layout.context_parallel:
-                _enable_context_parallel(denoiser, self, anything, handle)
+            for denoiser in denoisers:  # Wan 2.2 has two (high- and low-noise): both are split
+                if self.layout.context_parallel:
+                    _enable_context_parallel(denoiser, self, anything, handle)
             if self.layout.cfg:
                 from .cfg import HOOK_NAME, guidance_mode, make_hook
 
-                if denoiser is target and cfg_mode == "auto":
+                if denoisers == [target] and cfg_mode == "auto":
                     raise ParallelError("CFG parallel on a bare model: pass cfg_mode='batch' or 'alternate'")
                 mode = guidance_mode(target, cfg_mode)
-                hook = make_hook(mode, self.mesh.get_group("cfg"), self.cfg_rank)
-                _register_hook(denoiser, hook, HOOK_NAME, handle)
-                handle.cfg = hook.split
+                for denoiser in denoisers:
+                    hook = make_hook(mode, self.mesh.get_group("cfg"), self.cfg_rank)
+                    _register_hook(denoiser, hook, HOOK_NAME, handle)
+                    handle.cfgs.append(hook.split)
         except BaseException:
             handle.restore()
             raise
@@ -110,12 +118,19 @@ class ParallelSession:
         for handle in reversed(self.handles):
             handle.restore()
         self.handles.clear()
-        if self.owns_group:
-            import torch.distributed as dist
+        import torch.distributed as dist
 
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        if not dist.is_initialized():
+            return
+        if self.owns_group:
+            dist.destroy_process_group()
             self.owns_group = False
+        else:  # the caller's group stays; the mesh's own subgroups go (on HCCL each holds a communicator)
+            for group in {id(g): g for g in self.mesh.get_all_groups()}.values():
+                if group is not dist.group.WORLD:
+                    dist.destroy_process_group(group)
+        put_back_environment(self.environment)
+        self.environment = {}
 
 
 class ParallelHandle:
@@ -123,29 +138,63 @@ class ParallelHandle:
 
     def __init__(self) -> None:
         self._undo: List[Callable[[], None]] = []
-        self.cfg: Any = None  # the CFG split (its exchange count), when CFG parallelism is on
+        self._tracked: dict = {}  # id(module) -> (module, had a hook registry, had an instance forward)
+        self.cfgs: List[Any] = []  # each denoiser's CFG split (its exchange count), when CFG parallelism is on
+
+    @property
+    def cfg(self) -> Any:
+        """The (first) denoiser's CFG split, or None."""
+        return self.cfgs[0] if self.cfgs else None
 
     def on_restore(self, undo: Callable[[], None]) -> None:
         self._undo.append(undo)
+
+    def track(self, module: torch.nn.Module) -> None:
+        """Remember whether ``module`` had a diffusers hook registry and its own ``forward`` before we hooked it:
+        diffusers' ``remove_hook`` leaves an empty registry and an instance ``forward`` behind, which ``restore``
+        then removes so the module is as it was."""
+        if id(module) in self._tracked:
+            return
+        own = vars(module)
+        self._tracked[id(module)] = (module, "_diffusers_hook" in own, "forward" in own)
+        if len(self._tracked) == 1:
+            self._undo.insert(0, self._clean_tracked)
+
+    def _clean_tracked(self) -> None:
+        for module, had_registry, had_forward in self._tracked.values():
+            registry = vars(module).get("_diffusers_hook")
+            if not had_registry and registry is not None and not registry.hooks:
+                del module._diffusers_hook
+                if not had_forward:
+                    vars(module).pop("forward", None)
+        self._tracked.clear()
+
+    def reset(self) -> None:
+        """Forget a half-finished guidance step (after an interrupted run)."""
+        for split in self.cfgs:
+            split.reset()
 
     def restore(self) -> None:
         while self._undo:
             self._undo.pop()()
 
 
-def _denoiser(target: Any) -> torch.nn.Module:
-    for name in ("transformer", "unet"):
-        model = getattr(target, name, None)
-        if isinstance(model, torch.nn.Module):
-            return model
+def _denoisers(target: Any) -> List[torch.nn.Module]:
+    """The models a pipeline denoises with (``transformer`` and Wan 2.2's ``transformer_2``, or ``unet``), or the
+    model itself."""
+    found = [getattr(target, n, None) for n in ("transformer", "transformer_2", "unet")]
+    found = [m for m in found if isinstance(m, torch.nn.Module)]
+    if found:
+        return found
     if isinstance(target, torch.nn.Module):
-        return target
+        return [target]
     raise ParallelError(f"{type(target).__name__} has neither a transformer nor a unet to parallelize")
 
 
 def _register_hook(module: torch.nn.Module, hook: Any, name: str, handle: ParallelHandle) -> None:
     from diffusers.hooks import HookRegistry
 
+    handle.track(module)
     registry = HookRegistry.check_if_exists_or_initialize(module)
     registry.register_hook(hook, name)
     handle.on_restore(lambda: registry.remove_hook(name, recurse=False))
@@ -175,7 +224,7 @@ def _enable_context_parallel(model: torch.nn.Module, session: ParallelSession, a
     check_plan(model)
     heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
     if isinstance(heads, int):
-        check_heads(heads, layout, anything)
+        check_heads(heads, layout, anything, hint="anything=True")
     member = backend.register()
     handle.on_restore(backend.unregister)
     processors = backend.attention_processors(model)
@@ -198,6 +247,13 @@ def _enable_context_parallel(model: torch.nn.Module, session: ParallelSession, a
     )
     plan = model._cp_plan
     had_config = "_parallel_config" in vars(model)
+    from diffusers.hooks.context_parallel import _get_submodule_by_name
+
+    handle.track(model)
+    for where in plan:
+        found = _get_submodule_by_name(model, where)
+        for module in found if isinstance(found, list) else [found]:
+            handle.track(module)
     with _one_device_per_cpu_rank(session.device):
         model.enable_parallelism(config=config)
 
@@ -269,13 +325,11 @@ def start(
     kind = get_device(device).type
     rank_device = _rank_device(kind, local_rank)
     owns = False
+    saved: dict = {}
     if not dist.is_initialized():
-        world = _env_int("WORLD_SIZE")
-        if world is None:
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", "29500")
-            os.environ.setdefault("RANK", "0")
-            os.environ.setdefault("WORLD_SIZE", "1")
+        if _env_int("WORLD_SIZE") is None:  # started alone: a world of one on a free port, put back by close()
+            chosen = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0", "WORLD_SIZE": "1"}
+            saved = set_environment(chosen)
         dist.init_process_group(
             default_backend(rank_device),
             timeout=COLLECTIVE_TIMEOUT,
@@ -286,6 +340,7 @@ def start(
     if world != layout.world:
         if owns:
             dist.destroy_process_group()
+        put_back_environment(saved)
         raise ParallelError(
             f"{layout.describe()}, but {world} process{'es were' if world != 1 else ' was'} started; start "
             f"{layout.world} (torchrun --nproc-per-node {layout.world}) or change the layout"
@@ -293,4 +348,12 @@ def start(
     mesh = init_device_mesh(
         kind, (2 if layout.cfg else 1, layout.ring, layout.ulysses), mesh_dim_names=("cfg", "ring", "ulysses")
     )
-    return ParallelSession(layout, rank_device, dist.get_rank(), world, mesh, owns)
+    return ParallelSession(layout, rank_device, dist.get_rank(), world, mesh, owns, environment=saved)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

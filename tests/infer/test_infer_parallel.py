@@ -33,7 +33,7 @@ def infer(tmp_path, name, *arguments):
         (
             ["--model", "tiny-flux", "--nproc", "8", "--ulysses", "8"],
             "the model has 4 attention heads, which do not split over --ulysses 8; valid Ulysses degrees: 1, 2, 4 (or "
-            "the ulysses_anything variant, which pads the heads)",
+            "--ulysses-anything, which pads the heads)",
         ),
         (
             ["--model", "tiny-flux", "--nproc", "2", "--ring", "2", "--height", "16", "--width", "48"],
@@ -87,3 +87,37 @@ def test_two_processes_write_the_image_of_one(model_cache, tmp_path, capsys, lay
     assert all(r["bytes_sent_per_step"] > 0 and r["median_step_s"] > 0 for r in parallel["ranks"])
     out = capsys.readouterr().out
     assert "rank 0 (cpu): first step" in out and "rank 1 (cpu): first step" in out
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_launcher_gives_this_process_its_signal_handlers_back(tmp_path):
+    import signal
+
+    from npu_port.parallel.launch import launch
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    assert launch(abs, (-3,), 1, {}) == {0: 3}
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_rank_that_fails_stops_the_others_and_is_one_line(tmp_path):
+    from npu_port.errors import ParallelError
+    from npu_port.parallel.launch import launch
+
+    with pytest.raises(ParallelError) as info:
+        launch(_fail_on_rank_1, (), 2, {})
+    assert str(info.value) == "heads do not split"
+
+
+def _fail_on_rank_1():
+    import os
+    import time
+
+    from npu_port.errors import ParallelError
+
+    if os.environ["RANK"] == "1":
+        raise ParallelError("heads do not split")
+    time.sleep(120)  # rank 0 waits as in a collective: the launcher must stop it, not wait

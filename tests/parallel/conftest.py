@@ -87,6 +87,7 @@ def run_ranks(nproc: int, worker: Callable[..., Any], *args: Any, out_dir: Path,
         "TORCHELASTIC_USE_AGENT_STORE": "True",  # the ranks connect to our store, as torchrun's workers do
         "TORCHELASTIC_RESTART_COUNT": "0",
     }
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
     context = start_processes(
         name="ptests",
         entrypoint=_rank_main,
@@ -107,6 +108,8 @@ def run_ranks(nproc: int, worker: Callable[..., Any], *args: Any, out_dir: Path,
             time.sleep(0.05)
     finally:
         context.close()  # kills ranks still running (a hang); a no-op when they are done
+        for sig, handler in handlers.items():  # start_processes takes these over and leaves them to this worker
+            signal.signal(sig, handler)
     logs = "\n".join(
         f"--- rank {rank} stderr (last lines) ---\n{_tail(path)}" for rank, path in context.stderrs.items()
     )

@@ -104,7 +104,7 @@ def test_check_heads():
     check_heads(6, ParallelLayout(4, 1), anything=True)
     assert _error(check_heads, 6, ParallelLayout(4, 1)) == (
         "the model has 6 attention heads, which do not split over --ulysses 4; valid Ulysses degrees: 1, 2, 3, 6 "
-        "(or the ulysses_anything variant, which pads the heads)"
+        "(or --ulysses-anything, which pads the heads)"
     )
 
 

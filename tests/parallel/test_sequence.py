@@ -44,7 +44,6 @@ def test_key_mask_forms_are_widened_to_four_dimensions():
         (4, 8),  # (queries, keys)
         (1, 1, 4, 8),
         (1, 3, 1, 8),  # 3 heads of 4
-        (2, 1, 1, 8),  # a batch of 2 for a batch of 1
         (1, 1, 1, 1, 8),
     ],
 )
@@ -52,6 +51,12 @@ def test_key_mask_refuses_masks_it_cannot_split_with_the_shape_given(shape):
     with pytest.raises(ParallelError) as info:
         key_mask(torch.ones(shape, dtype=torch.bool), 1, 4, 8)
     assert str(info.value) == f"attention mask of shape {shape} {SPLIT_ONLY_KEYS}"
+
+
+def test_key_mask_names_a_batch_that_does_not_match():
+    with pytest.raises(ParallelError) as info:
+        key_mask(torch.ones(2, 1, 1, 8, dtype=torch.bool), 1, 4, 8)
+    assert str(info.value) == "attention mask of shape (2, 1, 1, 8) is for a batch of 2, but the call's batch is 1"
 
 
 def test_key_mask_refuses_a_mask_over_the_whole_sequence():

@@ -12,7 +12,7 @@ from . import models
 
 def attention_state(model: torch.nn.Module) -> Dict[str, Any]:
     """What parallelizing changes and ``restore()`` must put back: each processor's backend and parallel config,
-    the diffusers hooks on every submodule (an emptied registry counts as none), the model's own parallel config,
+    the diffusers hook registries and instance ``forward`` attributes on every submodule, the model's own parallel config,
     and whether the backend is in diffusers' registry."""
     from diffusers.models.attention_dispatch import AttentionBackendName
 
@@ -24,9 +24,11 @@ def attention_state(model: torch.nn.Module) -> Dict[str, Any]:
     ]
     hooks = {}
     for name, module in model.named_modules():
-        registry = getattr(module, "_diffusers_hook", None)
-        if registry is not None and registry._hook_order:
+        registry = vars(module).get("_diffusers_hook")
+        if registry is not None:  # restore() removes the registries it made, emptied or not
             hooks[name or "<model>"] = list(registry._hook_order)
+        if "forward" in vars(module):  # ...and the instance forward diffusers' hooks leave behind
+            hooks[f"{name or '<model>'}.forward"] = ["instance forward"]
     return {
         "processors": processors,
         "hooks": hooks,
