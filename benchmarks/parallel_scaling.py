@@ -104,6 +104,16 @@ def analytic_bytes(shapes: Dict[str, Any], ulysses: int, ring: int, cfg: bool, e
     return found
 
 
+def diffusers_gather_bytes(shapes: Dict[str, Any], ulysses: int, ring: int, cfg: bool, element: int = 4) -> float:
+    """What diffusers' own gather at the end of the ``_cp_plan`` (``proj_out``) sends per rank and step: each rank's
+    ``1/N`` of the output to the ``N-1`` others, once per forward (not counted in npu-port's tally)."""
+    n = ulysses * ring
+    if n == 1:
+        return 0.0
+    forwards = shapes["forwards_per_step"] / (2 if cfg else 1)
+    return forwards * shapes["output_elements"] / n * element * (n - 1)
+
+
 def run_layout(model: str, nproc: int, flags: List[str], steps: int, workdir: str) -> Dict[str, Any]:
     report = os.path.join(workdir, f"{model}-{nproc}-{'_'.join(flags) or 'single'}.json")
     command = [sys.executable, "-m", "npu_port", "infer", "--model", model, "--steps", str(steps), "--no-progress"]
@@ -156,6 +166,7 @@ def main(argv: List[str] = None) -> int:
                         "bytes_per_step_measured": sent,
                         "bytes_per_step_analytic": sum(expected.values()),
                         "analytic_by_kind": expected,
+                        "diffusers_output_gather_per_step": diffusers_gather_bytes(shapes, ulysses, ring, cfg),
                         "ranks": measured["ranks"],
                     }
                     rows.append(row)

@@ -91,3 +91,32 @@ def test_redirect_overhead_runs_both_loops_in_their_own_processes(tmp_path):
         == report["median_seconds"]["cuda-written, redirected"] / report["median_seconds"]["cpu-written"]
     )
     assert report["machine"]["device_name"].startswith("cpu: ") and report["machine"]["load_average"] is not None
+
+
+@pytest.mark.e2e
+def test_parallel_scaling_measures_the_bytes_the_analytic_figure_gives(tmp_path):
+    out = tmp_path / "scaling.json"
+    command = [sys.executable, str(BENCHMARKS / "parallel_scaling.py"), "--models", "tiny-wan", "--procs", "1,2"]
+    command += ["--steps", "2", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(out.read_text())["models"]["tiny-wan"]["rows"]
+    assert [row["layout"] for row in rows] == ["single", "ulysses 2", "ring 2", "cfg 2"]
+    for row in rows:
+        assert row["bytes_per_step_measured"] == row["bytes_per_step_analytic"], row["layout"]
+        assert row["median_step_s"] > 0
+    assert rows[0]["bytes_per_step_measured"] == 0 and all(row["bytes_per_step_measured"] > 0 for row in rows[1:])
+
+
+def test_the_analytic_figures_of_parallel_scaling():
+    scaling = _load("parallel_scaling")
+    shapes = {"batch": 1, "tokens": 64, "heads": 4, "head_dim": 64, "calls_per_forward": 2}
+    shapes.update(forwards_per_step=2, output_elements=1000)
+    # Ulysses 2: 2 forwards x 2 calls x 4 all-to-alls of 1 x 32 x 4 x 64 floats, half of each sent
+    assert scaling.analytic_bytes(shapes, 2, 1, False) == {
+        "all_to_all": 2 * 2 * 4 * 32 * 4 * 64 * 4 / 2,
+        "all_gather": 0,
+    }
+    # ring 2: k and v of 32 tokens x 4 heads x 64 to the one peer, per call; CFG: one output exchange per step
+    assert scaling.analytic_bytes(shapes, 1, 2, True) == {"all_to_all": 0, "all_gather": 2 * 2 * 32 * 4 * 64 * 4 + 4000}
+    assert scaling.diffusers_gather_bytes(shapes, 2, 2, False) == 2 * 1000 / 4 * 4 * 3
