@@ -3,7 +3,7 @@ module, and returns plain tensors and dicts for the test to check in its own pro
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Tuple
+from typing import Any, Callable, Dict, Iterable, Tuple
 
 import torch
 
@@ -112,5 +112,45 @@ def guidance_halves() -> Dict[str, Any]:
             "traffic": traffic,
             "restored": restored,
         }
+    results["named"] = guidance_by_name(session)
+    results["sdxl"] = nested_batch(session)
     session.close()
     return results
+
+
+def outcome(run: Callable[[], Any]) -> Any:
+    """``run()``, or ``{"error": "Type: message"}`` when it raises: a case that fails (the same way on every rank,
+    before any collective) is one failed check, not a failed spawn."""
+    try:
+        return run()
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def guidance_by_name(session: Any) -> Dict[str, Any]:
+    """Alternate CFG told apart by diffusers' cache-context names (:func:`.models.named_guidance`): a guided run,
+    a guidance-off run (refused, not NaN), a guided run straight after it (the off run left a conditional half
+    behind), then after ``handle.reset()``; an interrupted run, then after ``reset()`` again."""
+    model = models.TinyDenoiser()
+    alone = models.named_guidance(model)
+    handle = session.parallelize(model, cfg_mode="alternate")
+    found = {"alone": alone, "guided": outcome(lambda: models.named_guidance(model))}
+    found["off"] = outcome(lambda: models.named_guidance(model, guided=False))
+    found["stale"] = outcome(lambda: models.named_guidance(model))
+    found["reset"] = outcome(lambda: (handle.reset(), models.named_guidance(model))[1])
+    found["interrupted"] = outcome(lambda: models.named_guidance(model, interrupt_at=1))
+    found["after interrupt"] = outcome(lambda: (handle.reset(), models.named_guidance(model))[1])
+    handle.restore()
+    return found
+
+
+def nested_batch(session: Any) -> Dict[str, Any]:
+    """Batch CFG on an SDXL-style UNet, whose ``added_cond_kwargs`` dict carries the doubled batch too: one
+    process's output, the parallel one, and the exchanges."""
+    unet = models.sdxl_unet()
+    alone = models.sdxl_guidance_call(unet)
+    handle = session.parallelize(unet, cfg_mode="batch")
+    out = outcome(lambda: models.sdxl_guidance_call(unet))
+    exchanges = handle.cfg.exchanges
+    handle.restore()
+    return {"alone": alone, "out": out, "exchanges": exchanges}
