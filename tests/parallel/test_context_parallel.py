@@ -161,6 +161,7 @@ def test_close_in_the_callers_group_ends_only_the_mesh_subgroups(request, nproc,
         assert groups["before"] == 1 and groups["during"] > 1, f"rank {rank}: {groups}"
         assert groups["after"] == groups["before"], f"rank {rank}: mesh subgroups left after close(): {groups}"
         assert groups["owns_group"] is False and groups["world all_reduce"] == nproc
+        assert groups["second close"] is None, f"rank {rank}: a second close() raised {groups['second close']}"
 
 
 def _within(out, expected, where):

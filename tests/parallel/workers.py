@@ -173,7 +173,8 @@ def nested_batch(session: Any) -> Dict[str, Any]:
 
 def closed(session: Any, groups_before: int) -> Dict[str, Any]:
     """``session.close()`` in a process group the caller made (the harness's): the groups this rank was in before
-    ``start``, while the session was open and after ``close``, and an all-reduce over the WORLD group afterwards."""
+    ``start``, while the session was open and after ``close``, an all-reduce over the WORLD group afterwards, and
+    what a second ``close()`` does."""
     import torch.distributed as dist
 
     during = process_groups()
@@ -186,6 +187,7 @@ def closed(session: Any, groups_before: int) -> Dict[str, Any]:
         "after": process_groups(),
         "owns_group": session.owns_group,
         "world all_reduce": total.item(),
+        "second close": outcome(session.close),  # None: closing again does nothing, as restore() again does
     }
 
 
