@@ -74,6 +74,7 @@ class ParallelSession:
     owns_group: bool = False
     handles: List["ParallelHandle"] = field(default_factory=list)
     environment: dict = field(default_factory=dict)  # variables start() set for a world of one, with what was there
+    closed: bool = False  # close() ran: a second one has no groups left to end
 
     @property
     def is_main(self) -> bool:
@@ -114,14 +115,16 @@ class ParallelSession:
         return handle
 
     def close(self) -> None:
-        """Undo every ``parallelize`` and end the process group if this session started it."""
+        """Undo every ``parallelize`` and end the process group if this session started it, else the mesh's own
+        subgroups (idempotent)."""
         for handle in reversed(self.handles):
             handle.restore()
         self.handles.clear()
         import torch.distributed as dist
 
-        if not dist.is_initialized():
+        if self.closed or not dist.is_initialized():
             return
+        self.closed = True
         if self.owns_group:
             dist.destroy_process_group()
             self.owns_group = False

@@ -4,12 +4,14 @@ a multi-process run equal to the single-process one (uint8 difference <= 1) for 
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from npu_port.cli.main import main
+from npu_port.infer.models import tiny_model_dir
 
 
 def infer(tmp_path, name, *arguments):
@@ -46,6 +48,10 @@ def infer(tmp_path, name, *arguments):
             "x ring 4); valid ulysses x ring products for it: 1",
         ),
         (
+            ["--model", "tiny-flux", "--nproc", "2", "--ulysses-anything", "--ring", "2"],
+            "--ulysses-anything works with --ring 1 only (diffusers' rule)",
+        ),
+        (
             ["--model", "tiny", "--nproc", "2", "--cfg-parallel", "--guidance-scale", "1"],
             "--cfg-parallel splits classifier-free guidance, which is off at --guidance-scale 1; use a scale > 1 or "
             "leave --cfg-parallel out",
@@ -67,6 +73,22 @@ def test_a_model_without_a_plan_is_refused_naming_the_models_that_have_one(model
     )
     assert "FluxTransformer2DModel" in line and "WanTransformer3DModel" in line
     assert line.endswith("(built in: tiny-flux, tiny-wan); --cfg-parallel alone works for any guided pipeline")
+
+
+def test_cfg_parallel_refuses_a_guidance_distilled_model(model_cache, tmp_path, capsys):
+    """A guidance-distilled Flux (``guidance_embeds``: FLUX.1-dev) is called once per step: no second half to run."""
+    directory = tmp_path / "distilled-flux"
+    shutil.copytree(tiny_model_dir("tiny-flux"), directory)
+    config_path = directory / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["guidance_embeds"] = True
+    config_path.write_text(json.dumps(config))
+    assert infer(tmp_path, "x", "--model", str(directory), "--nproc", "2", "--cfg-parallel") == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"npu-port: {str(directory)!r}: its FluxTransformer2DModel is guidance-distilled (guidance_embeds): the "
+        "pipeline calls it once per step, so --cfg-parallel has no second half to run; use --ulysses / --ring"
+    )
+    assert not list(tmp_path.glob("x*"))
 
 
 def pixels(path):

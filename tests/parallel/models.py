@@ -17,8 +17,9 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 import torch
-from diffusers import FluxTransformer2DModel, WanTransformer3DModel
+from diffusers import FluxTransformer2DModel, UNet2DConditionModel, WanTransformer3DModel
 from diffusers.models._modeling_parallel import ContextParallelInput
+from diffusers.models.cache_utils import CacheMixin
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
 HEADS = 4
@@ -152,8 +153,9 @@ def wan_video_mask() -> torch.Tensor:
     return (torch.arange(tokens) % 3 != 1)[None]
 
 
-def wan_model() -> MaskedWan:
-    torch.manual_seed(0)
+def wan_model(seed: int = 0) -> MaskedWan:
+    """``seed``: another seed gives other weights (Wan 2.2's second, low-noise transformer)."""
+    torch.manual_seed(seed)
     channels = WAN_LATENT[0]
     model = MaskedWan(
         patch_size=(1, 2, 2),
@@ -220,9 +222,10 @@ CFG_SCALE = 5.0
 CFG_LATENT = (1, 12, 8)  # batch, tokens, channels
 
 
-class TinyDenoiser(torch.nn.Module):
+class TinyDenoiser(torch.nn.Module, CacheMixin):
     """A denoiser called as diffusers' transformers are (``hidden_states``, ``timestep``, ``encoder_hidden_states``,
-    ``return_dict``), nonlinear in all three so each guidance half and each step gives a different result."""
+    ``return_dict``), nonlinear in all three so each guidance half and each step gives a different result; with
+    diffusers' ``cache_context`` (``CacheMixin``), which pipelines wrap each guidance call in."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -296,3 +299,64 @@ def flux_guidance(model, steps: int = 2):
             noise_uncond = model(hidden_states=latents, encoder_hidden_states=uncond, **kwargs)[0]
             latents = _step(latents, noise_uncond, noise_cond)
     return latents
+
+
+class Interrupted(Exception):
+    """Raised by :func:`named_guidance` in the middle of a step: a run stopped by the user."""
+
+
+def named_guidance(model, guided: bool = True, interrupt_at: Optional[int] = None):
+    """A pipeline's loop as diffusers writes it (Flux, Wan, QwenImage): each call under ``cache_context("cond")`` or
+    ``("uncond")``. ``guided=False``: guidance off, one "cond" call per step (Flux at a true-CFG scale of 1).
+    ``interrupt_at``: raise :class:`Interrupted` right after that step's conditional call. Returns the final latents."""
+    latents, cond, uncond = cfg_inputs()
+    with torch.no_grad():
+        for step, timestep in enumerate(torch.linspace(900, 100, CFG_STEPS)):
+            t = timestep[None]
+            with model.cache_context("cond"):
+                noise_cond = model(hidden_states=latents, timestep=t, encoder_hidden_states=cond, return_dict=False)[0]
+            if step == interrupt_at:
+                raise Interrupted(step)
+            if not guided:
+                latents = latents - 0.1 * noise_cond
+                continue
+            with model.cache_context("uncond"):
+                kwargs = dict(hidden_states=latents, timestep=t, encoder_hidden_states=uncond, return_dict=False)
+                noise_uncond = model(**kwargs)[0]
+            latents = _step(latents, noise_uncond, noise_cond)
+    return latents
+
+
+# ---- SDXL: guidance on a doubled batch, with nested conditioning ---------------------------------------------------
+
+
+def sdxl_unet() -> UNet2DConditionModel:
+    """A tiny SDXL-style UNet: ``addition_embed_type="text_time"``, so every call carries ``added_cond_kwargs`` (a
+    dict of batched tensors) besides the latents."""
+    torch.manual_seed(0)
+    return UNet2DConditionModel(
+        sample_size=8,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(32, 64),
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32,
+        attention_head_dim=8,
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=8 * 6 + 32,
+        norm_num_groups=8,
+    ).eval()
+
+
+def sdxl_guidance_call(unet: UNet2DConditionModel) -> torch.Tensor:
+    """One guided SDXL step's call: the doubled latents, and the unconditional then conditional halves of the text
+    and of ``added_cond_kwargs`` (pooled text and time ids differ per half, as in the pipeline)."""
+    gen = torch.Generator().manual_seed(6)
+    latents = torch.randn(1, 4, 8, 8, generator=gen)
+    text = torch.randn(2, 7, 32, generator=gen)
+    added = {"text_embeds": torch.randn(2, 32, generator=gen), "time_ids": torch.randn(2, 6, generator=gen)}
+    with torch.no_grad():
+        return unet(torch.cat([latents] * 2), torch.tensor(500), text, added_cond_kwargs=added, return_dict=False)[0]

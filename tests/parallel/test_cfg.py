@@ -1,8 +1,10 @@
 """CFG parallelism: two ranks compute the two guidance halves of a tiny denoiser and give one process's latents
 (within 1e-6), with exactly one exchange per step, for both ways pipelines run guidance — two calls per step (Wan,
 Flux) and one call on a doubled batch (Stable Diffusion); a pipeline that read rank 1's answer to the first call
-before the second would get NaN, never a plausible wrong value. ``guidance_mode`` tells the two apart on diffusers'
-own pipeline classes."""
+before the second would get NaN, never a plausible wrong value. Calls named by diffusers' ``cache_context("cond")`` /
+``("uncond")`` are told apart by name, so a step without its unconditional call (guidance off, an interrupted run) is
+refused on both ranks until ``handle.reset()``; the doubled batch is split inside nested arguments too (SDXL's
+``added_cond_kwargs``). ``guidance_mode`` tells the two ways apart on diffusers' own pipeline classes."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from . import models, workers
 from .conftest import shared_ranks
 
 ATOL = 1e-6
+#: The SDXL UNet's convolutions and norms on a batch of 1 instead of 2 (or on another thread count): float32 parity.
+UNET_ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +58,61 @@ def test_a_pipeline_reading_the_unconditional_ranks_first_answer_early_gets_nan(
     assert len(runs[0]["seen"]) == len(runs[1]["seen"]) == models.CFG_STEPS
     assert all(torch.isfinite(seen).all() for seen in runs[0]["seen"])
     assert all(torch.isnan(seen).all() for seen in runs[1]["seen"])
+
+
+#: What the alternate mode says when a "cond" call comes while the previous step still waits for its "uncond" one.
+STALE_STEP = (
+    "ParallelError: CFG parallel: a conditional call came before the previous step's unconditional one (guidance off "
+    "for a step, or an interrupted run: call handle.reset() first); run such a pipeline without --cfg-parallel"
+)
+
+
+def _assert_latents(got, expected, where, atol=ATOL):
+    assert not isinstance(got, dict), f"{where}: {got}"
+    diff = (got - expected).abs().max().item()
+    assert diff <= atol, f"{where}: max |cfg parallel - one process| = {diff:.3g}"
+
+
+@pytest.mark.e2e
+def test_calls_named_by_cache_context_give_the_single_process_latents(cfg_ranks):
+    expected = models.named_guidance(models.TinyDenoiser())
+    for rank, result in enumerate(cfg_ranks):
+        named = result["named"]
+        assert torch.equal(named["alone"], expected)
+        _assert_latents(named["guided"], expected, f"rank {rank}")
+
+
+@pytest.mark.e2e
+def test_guidance_off_is_refused_on_both_ranks_instead_of_nan_and_reset_recovers(cfg_ranks):
+    """With guidance off the pipeline makes one "cond" call per step: the second step's is refused (it would have
+    read rank 1's NaN placeholder), and so is a guided run after it until ``handle.reset()``."""
+    expected = models.named_guidance(models.TinyDenoiser())
+    for rank, result in enumerate(cfg_ranks):
+        named = result["named"]
+        assert named["off"] == {"error": STALE_STEP}, f"rank {rank}"
+        assert named["stale"] == {"error": STALE_STEP}, f"rank {rank}"
+        _assert_latents(named["reset"], expected, f"rank {rank} after reset()")
+
+
+@pytest.mark.e2e
+def test_reset_after_an_interrupted_run_lets_the_next_run_match(cfg_ranks):
+    expected = models.named_guidance(models.TinyDenoiser())
+    for rank, result in enumerate(cfg_ranks):
+        named = result["named"]
+        assert named["interrupted"] == {"error": "Interrupted: 1"}, f"rank {rank}"
+        _assert_latents(named["after interrupt"], expected, f"rank {rank} after an interrupted run and reset()")
+
+
+@pytest.mark.e2e
+def test_batch_mode_splits_nested_conditioning_of_an_sdxl_unet(cfg_ranks):
+    """SDXL's ``added_cond_kwargs`` (pooled text, time ids) carry the doubled batch inside a dict: each rank takes
+    its half of them as of the latents, and the output is one process's."""
+    expected = models.sdxl_guidance_call(models.sdxl_unet())
+    for rank, result in enumerate(cfg_ranks):
+        sdxl = result["sdxl"]
+        _assert_latents(sdxl["alone"], expected, f"rank {rank} alone", UNET_ATOL)  # one thread per rank: not bit-equal
+        _assert_latents(sdxl["out"], sdxl["alone"], f"rank {rank}", UNET_ATOL)
+        assert sdxl["exchanges"] == 1
 
 
 def _bare(name):

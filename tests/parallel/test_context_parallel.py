@@ -1,6 +1,9 @@
 """Context parallelism on gloo ranks against one process: a tiny Flux-style and a tiny Wan transformer (4 heads x
 64), Ulysses, ring and both, with and without key masks, give this process's output within 1e-5 (float32); the
-bytes each rank sends are the analytic figure for the layout; ``restore()`` gives back the single-process model.
+bytes each rank sends are the analytic figure for the layout; ``restore()`` gives back the single-process model, and
+``close()`` in the caller's process group ends only the mesh's subgroups. On 2 ranks, also: a strategy whose kernel
+cannot return the log-sum-exp (enough for Ulysses alone, refused by ring), a key mask made under inference mode,
+``anything=True`` refused with a ring, and both transformers of a Wan 2.2-style pipeline split and restored.
 
 2 ranks (Ulysses 2, ring 2) run in the default suite, 4 ranks (Ulysses 4, ring 4, Ulysses 2 x ring 2) are marked
 slow; each rank count is one spawn running every case (:func:`.workers.context_parallel`).
@@ -44,11 +47,13 @@ def _layouts(nproc):
 
 CASES = _cases(2) + _cases(4)
 MODEL_LAYOUTS = _layouts(2) + _layouts(4)
+#: The layouts :func:`.workers.flux_cases` and :func:`.workers.two_transformers` run on (the 2-rank spawn only).
+CASE_LAYOUTS = [pytest.param(2, u, r, id=f"2ranks-u{u}r{r}") for u, r in LAYOUTS[2]]
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    return shared_ranks(tmp_path_factory, "cp2", 2, workers.context_parallel, list(models.MASKS), LAYOUTS[2])
+    return shared_ranks(tmp_path_factory, "cp2", 2, workers.context_parallel, list(models.MASKS), LAYOUTS[2], (), True)
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +150,84 @@ def test_restore_gives_back_the_single_process_model(request, nproc, kind, ulyss
         for mask in models.MASKS[kind]:
             again = result["restored"][kind, ulysses, ring, mask]
             assert torch.equal(again, result["alone"][kind, mask]), f"rank {rank}, mask {mask}"
+
+
+@pytest.mark.parametrize("nproc, kind, ulysses, ring", MODEL_LAYOUTS)
+def test_close_in_the_callers_group_ends_only_the_mesh_subgroups(request, nproc, kind, ulysses, ring):
+    """The harness made the process group, so ``close()`` leaves it (the WORLD group still all-reduces) and ends
+    only the groups its mesh made."""
+    for rank, result in enumerate(_ranks(request, nproc)):
+        groups = result["groups"][kind, ulysses, ring]
+        assert groups["before"] == 1 and groups["during"] > 1, f"rank {rank}: {groups}"
+        assert groups["after"] == groups["before"], f"rank {rank}: mesh subgroups left after close(): {groups}"
+        assert groups["owns_group"] is False and groups["world all_reduce"] == nproc
+        assert groups["second close"] is None, f"rank {rank}: a second close() raised {groups['second close']}"
+
+
+def _within(out, expected, where):
+    assert not isinstance(out, dict), f"{where}: {out}"
+    diff = (out - expected).abs().max().item()
+    assert diff <= ATOL, f"{where}: max |parallel - one process| = {diff:.3g}"
+
+
+#: Why SDPA pinned to its math backend cannot give ring attention the log-sum-exp (the kernel's own reason).
+NO_LSE = (
+    "  - return_lse=True: sdpa cannot return the log-sum-exp here (it comes from the flash backend, and the pinned "
+    "backends are math); use math or chunked\n"
+)
+
+
+@pytest.mark.parametrize("nproc, ulysses, ring", CASE_LAYOUTS)
+def test_a_kernel_without_log_sum_exp_runs_ulysses_alone_and_ring_refuses_it(
+    request, one_process, nproc, ulysses, ring
+):
+    """Ulysses alone attends to the whole sequence in one call, so the strategy's kernel needs no log-sum-exp;
+    ring merges partial results by it, and the kernel's reason says why it cannot."""
+    for rank, result in enumerate(_ranks(request, nproc)):
+        cases = result["flux cases"][ulysses, ring]
+        for mask, out in cases["no lse"].items():
+            if ring == 1:
+                _within(out, one_process["flux", mask], f"rank {rank}, mask {mask}")
+            else:
+                assert out["error"].startswith("KernelUnavailableError: attention kernel 'sdpa' cannot run this call")
+                assert NO_LSE in out["error"], out["error"]
+        if ring == 1:
+            assert list(cases["no lse kernels"]) == ["sdpa"]  # the strategy's kernel ran every call
+
+
+@pytest.mark.parametrize("nproc, ulysses, ring", CASE_LAYOUTS)
+def test_a_key_mask_made_under_inference_mode(request, one_process, nproc, ulysses, ring):
+    """Inference tensors have no version counter to key the gathered-mask cache on: the mask is gathered anyway."""
+    for rank, result in enumerate(_ranks(request, nproc)):
+        _within(result["flux cases"][ulysses, ring]["inference mode"], one_process["flux", "text"], f"rank {rank}")
+
+
+@pytest.mark.parametrize("nproc, ulysses, ring", [p for p in CASE_LAYOUTS if p.values[2] > 1])
+def test_anything_with_a_ring_is_refused_and_leaves_the_model_as_it_was(request, nproc, ulysses, ring):
+    for result in _ranks(request, nproc):
+        cases = result["flux cases"][ulysses, ring]
+        assert cases["anything"] == {
+            "error": "ParallelError: ulysses_anything works with ring 1 only (diffusers' rule); give ring=1 or "
+            "anything=False"
+        }
+        assert cases["anything left"] is True
+
+
+@pytest.mark.parametrize("nproc, ulysses, ring", CASE_LAYOUTS)
+def test_both_transformers_of_a_wan_2_2_pipeline_are_split_and_restored(request, nproc, ulysses, ring):
+    """Wan 2.2 denoises with ``transformer`` then ``transformer_2``: each sees this rank's part of the sequence,
+    gives its single-process output, and is given back as it was."""
+    _, frames, height, width = models.WAN_LATENT
+    tokens = frames * (height // 2) * (width // 2)
+    for rank, result in enumerate(_ranks(request, nproc)):
+        for name, found in result["two transformers"][ulysses, ring].items():
+            where = f"rank {rank}, {name}"
+            assert found["alone seen"] == {tokens} and found["seen"] == {tokens // nproc}, where
+            assert {backend for _, backend, _ in found["parallel state"]["processors"]} == {"npu_port"}, where
+            _within(found["out"], found["alone"], where)
+            assert found["restored"] == found["before"], where
+        pair = result["two transformers"][ulysses, ring]
+        assert (pair["transformer"]["alone"] - pair["transformer_2"]["alone"]).abs().max() > 1e-3  # two models
 
 
 @pytest.mark.slow

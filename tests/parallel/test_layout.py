@@ -53,6 +53,8 @@ def _error(call, *args) -> str:
             "--ulysses 2 x --ring ? does not fill 2 processes with --cfg-parallel (2 guidance halves): the sequence is "
             "split over 1 rank; valid layouts: --ulysses 1 --ring 1",
         ),
+        ((2, 0, None, False), "--ulysses must be a whole number >= 1, got 0"),
+        ((2, None, 0, False), "--ring must be a whole number >= 1, got 0"),
         ((2, -1, None, False), "--ulysses must be a whole number >= 1, got -1"),
         ((2, 2.0, None, False), "--ulysses must be a whole number >= 1, got 2.0"),
     ],
