@@ -140,8 +140,11 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--procs", default="1,2,4")
     parser.add_argument("--out", default="benchmarks/results/parallel_scaling_cpu.json")
     args = parser.parse_args(argv)
+    from npu_port.device import device_name
+
     results: Dict[str, Any] = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        "machine": f"{device_name('cpu')}, {platform.platform()}, python {platform.python_version()}",
+        "load_average_at_start": os.getloadavg()[0],
         "command": "python benchmarks/parallel_scaling.py " + " ".join(argv or sys.argv[1:]),
         "models": {},
     }
@@ -176,6 +179,7 @@ def main(argv: List[str] = None) -> int:
                         flush=True,
                     )
             results["models"][model] = {"shapes": shapes, "rows": rows}
+    results["load_average_at_end"] = os.getloadavg()[0]
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as fh:
         json.dump(results, fh, indent=1)
