@@ -146,6 +146,11 @@ class RunError(NpuPortError, ValueError):
     missing script or module, a malformed ``--override``, an attribute the overridden module does not have)."""
 
 
+class RankFailedError(NpuPortError, RuntimeError):
+    """A rank of a multi-process run failed for a reason other than bad input (a crash, an exit code, an error
+    inside the model); its traceback has been printed. ``npu-port infer`` exits 1 on it, as on a failed run."""
+
+
 class ParallelError(NpuPortError, ValueError):
     """A multi-device layout that cannot work (heads not divisible by the Ulysses degree, a sequence shorter than the
     ring, a model without a context-parallel plan, a process count that is not the layout's) or an attention call

@@ -161,8 +161,14 @@ def _preflight(args: argparse.Namespace) -> _Plan:
     if encoder_device is not None and model.limits is not None:
         model.limits.check_text_encoder_device(args.model)
     compare = check_strategies(args.compare.split(",")) if args.compare else None
-    check_strategy(strategy)
+    resolved_strategy = check_strategy(strategy)
     layout = _layout(args)
+    if layout is not None and layout.context_parallel and getattr(resolved_strategy, "is_custom_processor", False):
+        raise InferenceError(
+            f"strategy {strategy!r} replaces the attention processors, and context parallelism needs npu-port's "
+            "backend on every one (each rank would attend to its own part of the sequence only); use a kernel "
+            "strategy (auto, sdpa, npu, ...) with --ulysses / --ring, or --cfg-parallel alone"
+        )
     outputs = plan_outputs(args.output, args.report, compare, video=model.kind == TEXT_TO_VIDEO if model.kind else None)
     cache, warning = cache_location()
     if warning:
@@ -320,13 +326,12 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
 def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
     """--nproc N: the ranks generate, this process writes rank 0's image and the report (with every rank's timing)."""
     from ..device import device_name
+    from ..errors import InferenceError
+    from ..infer.models import describe_model
     from ..infer.multi import rank_lines, run_parallel
+    from ..infer.paths import VIDEO_FORMATS
     from ..infer.saving import write_set
 
-    if args.profile:
-        from ..npu_setup import apply_npu_options
-
-        apply_npu_options(args.profile)  # checked here; each rank's environment inherits it
     dtype = str(plan.dtype).replace("torch.", "")
     result, ranks = run_parallel(
         args.model,
@@ -337,6 +342,7 @@ def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]
         plan.cache,
         not args.no_progress,
         anything=args.ulysses_anything,
+        profile=args.profile,
         on_build=lambda message: print(f"npu-port: {message}", file=sys.stderr),
     )
     report: Dict[str, Any] = {
@@ -344,7 +350,8 @@ def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]
         "device_name": device_name(plan.device),
         "dtype": dtype,
         "versions": _versions(),
-        "model": {"requested": args.model},
+        "model": {"requested": args.model, "random_weights": describe_model(args.model).builtin},
+        "npu_options": result.details.pop("npu_options", None),
         "request": {k: v for k, v in vars(plan.request).items() if k != "strategy"},
         "parallel": {
             "nproc": plan.layout.world,
@@ -354,6 +361,8 @@ def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]
             "ranks": ranks,
         },
     }
+    if result.image.ndim == 3 and plan.outputs.image.suffix.lower() in VIDEO_FORMATS:  # a hub id, known only now
+        raise InferenceError(f"--output {str(plan.outputs.image)!r}: {args.model!r} makes images, not a video")
     files, entries, stale = _image_files({None: result}, plan)
     report.update(result.as_dict(), **entries[None])
     write_set(files, plan.outputs.report, report, plan.outputs.lock, written, stale)
@@ -372,8 +381,13 @@ def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]
 
 def run(args: argparse.Namespace) -> int:
     written: List[Path] = []
+    from ..errors import RankFailedError
+
     try:
         return _execute(args, _preflight(args), written)
+    except RankFailedError as exc:  # not bad input: the run failed (its traceback is above)
+        print(f"npu-port: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         what = "the image(s) and report had been written whole" if written else "nothing was written"
         print(f"npu-port: interrupted (Ctrl-C); {what}", file=sys.stderr)

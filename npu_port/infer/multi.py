@@ -36,16 +36,30 @@ class RankJob:
     cache_root: Optional[str]
     progress: bool
     anything: bool = False  # --ulysses-anything
+    profile: Optional[str] = None  # --profile: its Ascend options are process-local, so each rank applies them
 
 
 def _quiet_diffusers() -> None:
-    """One "experimental" warning per rank per model says nothing the report does not."""
+    """One "experimental" warning per rank per model, and one deprecation warning per rank from diffusers' own
+    gather, say nothing the report does not."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
     try:
         from diffusers.utils import logging
 
         logging.set_verbosity_error()
     except ImportError:
         pass
+
+
+def _no_loading_bars() -> None:
+    """The weight-loading bars of every rank but the one that shows progress."""
+    for module in ("diffusers.utils.logging", "transformers.utils.logging"):
+        try:
+            __import__(module, fromlist=["disable_progress_bar"]).disable_progress_bar()
+        except (ImportError, AttributeError):
+            pass
 
 
 def run_rank(job: RankJob) -> Dict[str, Any]:
@@ -58,8 +72,15 @@ def run_rank(job: RankJob) -> Dict[str, Any]:
     from .run import generate
 
     _quiet_diffusers()
+    npu_options = None
+    if job.profile:
+        from ..npu_setup import apply_npu_options
+
+        npu_options = apply_npu_options(job.profile).as_dict()  # before the device is used, as in one process
     session = start(ParallelLayout(job.ulysses, job.ring, job.cfg), device=job.device_type)
     try:
+        if not (job.progress and session.is_main):
+            _no_loading_bars()
         cache = CacheLocation(None if job.cache_root is None else Path(job.cache_root))
         loaded = load_pipeline(
             job.model,
@@ -77,6 +98,7 @@ def run_rank(job: RankJob) -> Dict[str, Any]:
             "device": str(session.device),
             "image": result.image if session.is_main else None,
             "result": {k: v for k, v in asdict(result).items() if k != "image"},
+            "npu_options": npu_options,
             "timing": result.as_dict()["time"],
             "traffic": TRAFFIC.snapshot(),
             "bytes_sent_per_step": TRAFFIC.total_bytes / steps,
@@ -164,6 +186,7 @@ def run_parallel(
     progress: bool,
     on_build: Any = None,
     anything: bool = False,
+    profile: Optional[str] = None,
 ) -> tuple:
     """Generate over ``layout.world`` ranks; returns (rank 0's :class:`GenerationResult`, per-rank summaries)."""
     from ..device.helpers import device_count
@@ -190,12 +213,14 @@ def run_parallel(
         None if cache.root is None else str(cache.root),
         progress,
         anything,
+        profile,
     )
     returned = launch(run_rank, (job,), layout.world, env)
     ranks: List[Dict[str, Any]] = [returned[r] for r in sorted(returned)]
     main = ranks[0]
     fields = dict(main["result"], image=np.asarray(main["image"]))
     result = GenerationResult(**fields)
+    result.details["npu_options"] = main["npu_options"]
     summaries = [
         {
             "rank": r["rank"],

@@ -7,10 +7,11 @@ Pipelines run guidance in one of two ways, and both are handled by a diffusers h
   ``torch.cat([latents] * 2)``): each rank runs its half of the batch; the halves are gathered back.
 * ``alternate`` — two calls per step, conditional first (Flux's true CFG, Wan, QwenImage, under diffusers'
   ``cache_context("cond")`` / ``("uncond")``): rank 0 runs the first call, rank 1 the second, and each returns at once
-  from the call it skips. The exchange happens in the second call: rank 0 gets the unconditional result as that
-  call's output; rank 1 fills the placeholder it returned from the first call, in place, before the pipeline combines
-  the two. The placeholder starts as NaN, so a pipeline that read it before the second call would end in a
-  non-finite image — which ``npu-port infer`` refuses — never in a silently wrong one.
+  from the call it skips (rank 1 runs the first call once, on the first step, to learn the output's shape and form).
+  The exchange happens in the second call: rank 0 gets the unconditional result as that call's output; rank 1 fills
+  the placeholder it returned from the first call, in place, before the pipeline combines the two. The placeholder
+  starts as NaN, so a pipeline that read it before the second call would end in a non-finite image — which
+  ``npu-port infer`` refuses — never in a silently wrong one.
 
 Both ranks keep the same latents (same seed) and run the same scheduler steps. ``auto`` picks the mode from the
 pipeline's ``__call__`` (diffusers marks the two-call form with ``cache_context("uncond")``).
@@ -93,6 +94,7 @@ class GuidanceSplitHook:
         self.calls = 0
         self.placeholder: Optional[Tensor] = None  # rank 1's answer to the first call, filled in the second
         self.sent: Optional[Tensor] = None  # rank 0's conditional result, sent in the second call
+        self.output_like: Optional[Tuple[Any, ...]] = None  # the denoiser's output: shape, dtype, device, structure
         self.exchanges = 0
 
     # ---- batch ----------------------------------------------------------------------------------------------
@@ -136,11 +138,10 @@ class GuidanceSplitHook:
 
     def reset(self) -> None:
         """Forget a half-finished step (an interrupted run): the next call starts a step."""
-        self.calls, self.placeholder, self.sent = 0, None, None
+        self.calls, self.placeholder, self.sent = 0, None, None  # output_like stays: the model has not changed
 
     def _alternate(self, forward: Any, args: Tuple[Any, ...], kwargs: dict, context: Any = None) -> Any:
         branch = self._branch(context)
-        hidden = _hidden_states(args, kwargs)
         if branch == 0:
             if self.placeholder is not None or self.sent is not None:
                 raise ParallelError(
@@ -148,12 +149,20 @@ class GuidanceSplitHook:
                     "for a step, or an interrupted run: call handle.reset() first); run such a pipeline without "
                     "--cfg-parallel"
                 )
-            if self.rank == 1:  # the conditional call is rank 0's: answer at once, filled in the second call
-                self.placeholder = torch.full_like(hidden, float("nan"))
-                return _shaped_output(self.placeholder, kwargs)
-            output = forward(*args, **kwargs)
-            self.sent = _same_shape(_output_tensor(output), hidden)  # exchanged in the second call
-            return output
+            if self.rank == 0 or self.output_like is None:
+                # rank 0's call; rank 1 runs it once too, on the first step, to learn what the output looks like
+                # (its shape need not be the input's: Wan's image-to-video takes 36 channels and returns 16)
+                output = forward(*args, **kwargs)
+                tensor = _output_tensor(output)
+                self.output_like = (tensor.shape, tensor.dtype, tensor.device, _structure(output))
+                if self.rank == 0:
+                    self.sent = tensor  # exchanged in the second call
+                else:
+                    self.placeholder = tensor  # overwritten with rank 0's result in the second call
+                return output
+            shape, dtype, device, structure = self.output_like
+            self.placeholder = torch.full(shape, float("nan"), dtype=dtype, device=device)
+            return _rebuild(structure, self.placeholder)  # filled in the second call, before the pipeline reads it
         if (self.sent if self.rank == 0 else self.placeholder) is None:
             raise ParallelError(
                 "CFG parallel: an unconditional call without the conditional one before it; run this pipeline without "
@@ -163,9 +172,9 @@ class GuidanceSplitHook:
             both = all_gather_stacked(self.sent, self.group, 2)
             self.sent = None
             self.exchanges += 1
-            return _shaped_output(both[1], kwargs)
+            return _rebuild(self.output_like[3], both[1])
         output = forward(*args, **kwargs)
-        both = all_gather_stacked(_same_shape(_output_tensor(output), hidden), self.group, 2)
+        both = all_gather_stacked(_output_tensor(output), self.group, 2)
         self.exchanges += 1
         self.placeholder.copy_(both[0])
         self.placeholder = None
@@ -177,24 +186,22 @@ class GuidanceSplitHook:
         return self._alternate(forward, args, kwargs, context)
 
 
-def _same_shape(output: Tensor, hidden: Tensor) -> Tensor:
-    if output.shape != hidden.shape:
-        raise ParallelError(
-            "CFG parallel (alternate mode) needs the denoiser's output shaped like its hidden_states input (got "
-            f"{tuple(output.shape)} for {tuple(hidden.shape)}); use cfg_mode='batch' with a pipeline that batches "
-            "guidance"
-        )
-    return output
+def _structure(output: Any) -> Any:
+    """How the denoiser wraps its output: "tensor", ("tuple", rest) or its output class (``return_dict=True``)."""
+    if isinstance(output, Tensor):
+        return "tensor"
+    if isinstance(output, (tuple, list)):
+        return ("tuple", tuple(output[1:]))
+    return type(output)
 
 
-def _shaped_output(tensor: Tensor, kwargs: dict) -> Any:
-    """``tensor`` as the denoiser returns its output: a 1-tuple with ``return_dict=False``, else diffusers'
-    ``Transformer2DModelOutput``."""
-    if kwargs.get("return_dict", True) is False:
-        return (tensor,)
-    from diffusers.models.modeling_outputs import Transformer2DModelOutput
-
-    return Transformer2DModelOutput(sample=tensor)
+def _rebuild(structure: Any, tensor: Tensor) -> Any:
+    """``tensor`` wrapped as the denoiser wraps its output (:func:`_structure`)."""
+    if structure == "tensor":
+        return tensor
+    if isinstance(structure, tuple):
+        return (tensor,) + structure[1]
+    return structure(sample=tensor)
 
 
 def make_hook(mode: str, group: Any, rank: int) -> Any:

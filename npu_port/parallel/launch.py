@@ -23,7 +23,7 @@ import uuid
 from typing import Any, Callable, Dict, Iterator, Optional
 
 from .. import errors
-from ..errors import ParallelError
+from ..errors import ParallelError, RankFailedError
 
 #: Seconds (as strings: environment values) for HCCL's connection set-up and for one collective.
 HCCL_TIMEOUTS = {"HCCL_CONNECT_TIMEOUT": "1800", "HCCL_EXEC_TIMEOUT": "1800"}
@@ -84,22 +84,39 @@ def _quiet_launcher() -> Iterator[None]:
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-def failure_error(exc: Any) -> ParallelError:
-    """One line for the rank that failed first (torchelastic records each rank's exception): an npu-port error's own
-    message as it is (bad input, the same on every rank), anything else as "rank N failed: ..." after printing that
-    rank's traceback to stderr."""
-    rank, failure = exc.get_first_failure()
+def _recorded(failure: Any) -> str:
+    """The exception a rank recorded ("Name: message"), or "" when it left none (an exit code, a kill)."""
     message = failure.message
-    text = message.get("message", "") if isinstance(message, dict) else str(message or "")
-    name, _, rest = text.partition(": ")
-    kind = getattr(errors, name, None)
-    if isinstance(kind, type) and issubclass(kind, errors.NpuPortError) and rest:
-        return ParallelError(rest)
-    stack = message.get("extraInfo", {}).get("py_callstack") if isinstance(message, dict) else None
-    if stack:
-        print(stack.rstrip(), file=sys.stderr)
-    first = text.strip().splitlines()[0] if text.strip() else f"exit code {failure.exitcode}"
-    return ParallelError(f"rank {rank} failed: {first}")
+    text = message.get("message", "") if isinstance(message, dict) else ""
+    return text.strip()
+
+
+def failure_error(exc: Any) -> errors.NpuPortError:
+    """One line for the failure that explains the run (torchelastic records each rank's exception).
+
+    An npu-port error of any rank comes first, with its own message (bad input, the same on every rank):
+    :class:`ParallelError`. Otherwise a recorded exception beats a rank that just exited or was killed — a rank that
+    dies takes its peers' collectives down with "connection closed" errors, and the clock that orders the failures
+    ticks in whole seconds: :class:`RankFailedError` after printing that rank's traceback."""
+    failures = sorted(exc.failures.items())
+    for _rank, failure in failures:
+        name, _, rest = _recorded(failure).partition(": ")
+        kind = getattr(errors, name, None)
+        if isinstance(kind, type) and issubclass(kind, errors.NpuPortError) and rest:
+            return ParallelError(rest)
+    recorded = [(rank, f) for rank, f in failures if _recorded(f)]
+    peer_lost = ("Connection closed", "Connection reset", "Broken pipe", "peer")
+    recorded.sort(key=lambda item: any(word in _recorded(item[1]) for word in peer_lost))
+    if recorded:
+        rank, failure = recorded[0]
+        stack = failure.message.get("extraInfo", {}).get("py_callstack")
+        if stack:
+            print(stack.rstrip(), file=sys.stderr)
+        return RankFailedError(f"rank {rank} failed: {_recorded(failure).splitlines()[0]}")
+    rank, failure = failures[0]
+    return RankFailedError(
+        f"rank {rank} exited with code {failure.exitcode} (no Python exception; see its output above)"
+    )
 
 
 def set_environment(values: Dict[str, str]) -> Dict[str, Optional[str]]:

@@ -123,6 +123,8 @@ class ParallelSession:
         import torch.distributed as dist
 
         if self.closed or not dist.is_initialized():
+            put_back_environment(self.environment)  # the caller may have ended the group itself
+            self.environment = {}
             return
         self.closed = True
         if self.owns_group:
@@ -269,6 +271,28 @@ def _enable_context_parallel(model: torch.nn.Module, session: ParallelSession, a
 
     handle.on_restore(disable)
     _add_split_checks(model, plan, layout, handle)
+    _register_hook(model, _processor_check(model, member), "npu_port_cp_processors", handle)
+
+
+def _processor_check(model: torch.nn.Module, member: Any) -> Any:
+    """A hook that refuses to run the model when one of its attention processors no longer uses npu-port's backend
+    (replaced after ``parallelize``, by a custom-processor strategy say): the sequence is still split, so that
+    processor would attend to this rank's part of it only — a wrong result, not an error, without this check."""
+    from diffusers.hooks import ModelHook
+
+    class ProcessorCheck(ModelHook):
+        def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any):
+            for name, sub in model.named_modules():
+                processor = getattr(sub, "processor", None)
+                if processor is not None and getattr(processor, "_attention_backend", None) is not member:
+                    raise ParallelError(
+                        f"{name}: its attention processor {type(processor).__name__} does not use npu-port's backend "
+                        "(replaced after parallelize?); under context parallelism it would see this rank's part of "
+                        "the sequence only. Set processors before parallelize, or restore() first"
+                    )
+            return args, kwargs
+
+    return ProcessorCheck()
 
 
 def _add_split_checks(model: torch.nn.Module, plan: dict, layout: ParallelLayout, handle: ParallelHandle) -> None:

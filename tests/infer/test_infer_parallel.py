@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -62,6 +63,17 @@ def test_impossible_layouts_are_one_line_before_any_process_starts(model_cache, 
     assert infer(tmp_path, "x", *arguments) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"npu-port: {message}"
     assert not list(tmp_path.glob("x*"))
+
+
+def test_a_strategy_that_replaces_the_processors_is_refused_with_context_parallelism(model_cache, tmp_path, capsys):
+    processor = "diffusers.models.transformers.transformer_flux:FluxAttnProcessor"
+    arguments = ["--model", "tiny-flux", "--nproc", "2", "--ulysses", "2", "--strategy", processor]
+    assert infer(tmp_path, "x", *arguments) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"npu-port: strategy {processor!r} replaces the attention processors, and context parallelism needs "
+        "npu-port's backend on every one (each rank would attend to its own part of the sequence only); use a "
+        "kernel strategy (auto, sdpa, npu, ...) with --ulysses / --ring, or --cfg-parallel alone"
+    )
 
 
 def test_a_model_without_a_plan_is_refused_naming_the_models_that_have_one(model_cache, tmp_path, capsys):
@@ -129,9 +141,37 @@ def test_a_rank_that_fails_stops_the_others_and_is_one_line(tmp_path):
     from npu_port.errors import ParallelError
     from npu_port.parallel.launch import launch
 
+    started = time.monotonic()
     with pytest.raises(ParallelError) as info:
         launch(_fail_on_rank_1, (), 2, {})
     assert str(info.value) == "heads do not split"
+    assert time.monotonic() - started < 60  # rank 0 was stopped, not waited for (it sleeps 120 s)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_rank_that_crashes_or_exits_is_a_failed_run_not_bad_input(capsys):
+    from npu_port.errors import RankFailedError
+    from npu_port.parallel.launch import launch
+
+    with pytest.raises(RankFailedError) as info:
+        launch(_crash_on_rank_1, ("raise",), 2, {})
+    assert str(info.value) == "rank 1 failed: ZeroDivisionError: division by zero"
+    assert "ZeroDivisionError" in capsys.readouterr().err  # its traceback, printed once
+    with pytest.raises(RankFailedError) as info:
+        launch(_crash_on_rank_1, ("exit",), 2, {})
+    assert str(info.value) == "rank 1 exited with code 3 (no Python exception; see its output above)"
+
+
+def _crash_on_rank_1(how):
+    import os
+    import time
+
+    if os.environ["RANK"] == "1":
+        if how == "exit":
+            os._exit(3)
+        1 / 0  # noqa: B018 - the crash under test
+    time.sleep(120)
 
 
 def _fail_on_rank_1():

@@ -286,6 +286,29 @@ def batch_guidance(model):
 GUIDANCE = {"alternate": alternate_guidance, "batch": batch_guidance}
 
 
+class ConditionedDenoiser(TinyDenoiser):
+    """Wan image-to-video's shape: the latents come in with a condition concatenated on the channels (twice the
+    channels), the output has the latents' channels only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        channels = CFG_LATENT[-1]
+        self.latent = torch.nn.Linear(2 * channels, channels)
+
+
+def conditioned_guidance(model):
+    """:func:`alternate_guidance` with the condition concatenated to the latents at every call (Wan i2v)."""
+    latents, cond, uncond = cfg_inputs()
+    image = torch.randn(latents.shape, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        for timestep in torch.linspace(900, 100, CFG_STEPS):
+            t, inputs = timestep[None], torch.cat([latents, image], dim=-1)
+            noise_cond = model(hidden_states=inputs, timestep=t, encoder_hidden_states=cond, return_dict=False)[0]
+            noise_uncond = model(hidden_states=inputs, timestep=t, encoder_hidden_states=uncond, return_dict=False)[0]
+            latents = _step(latents, noise_uncond, noise_cond)
+    return latents
+
+
 def flux_guidance(model, steps: int = 2):
     """Flux's true-CFG way on the masked Flux model: a conditional and an unconditional call per step (the
     unconditional text is another prompt with the same mask). Returns the final latents."""

@@ -52,12 +52,15 @@ def test_two_ranks_give_the_single_process_latents_with_one_exchange_per_step(cf
 
 @pytest.mark.e2e
 def test_a_pipeline_reading_the_unconditional_ranks_first_answer_early_gets_nan(cfg_ranks):
-    """Rank 1 skips the conditional call and answers with a placeholder it fills during the second call: read
-    before that, it is all NaN (fail closed); rank 0 computed the conditional half itself."""
+    """Rank 1 skips the conditional call (after the first step, where it runs it once to learn the output's shape)
+    and answers with a placeholder it fills during the second call: read before that, it is all NaN (fail closed);
+    rank 0 computed the conditional half itself."""
     runs = [result["alternate"] for result in cfg_ranks]
     assert len(runs[0]["seen"]) == len(runs[1]["seen"]) == models.CFG_STEPS
     assert all(torch.isfinite(seen).all() for seen in runs[0]["seen"])
-    assert all(torch.isnan(seen).all() for seen in runs[1]["seen"])
+    first, *later = runs[1]["seen"]
+    torch.testing.assert_close(first, runs[0]["seen"][0], rtol=0, atol=0)  # the same conditional call, run here too
+    assert later and all(torch.isnan(seen).all() for seen in later)
 
 
 #: What the alternate mode says when a "cond" call comes while the previous step still waits for its "uncond" one.
@@ -71,6 +74,16 @@ def _assert_latents(got, expected, where, atol=ATOL):
     assert not isinstance(got, dict), f"{where}: {got}"
     diff = (got - expected).abs().max().item()
     assert diff <= atol, f"{where}: max |cfg parallel - one process| = {diff:.3g}"
+
+
+@pytest.mark.e2e
+def test_an_output_shaped_unlike_the_input_works_in_alternate_mode(cfg_ranks):
+    """Wan image-to-video's form: the condition doubles the input channels, the output keeps the latents' (in Wan,
+    16 out of 36). Rank 1 learns the output's shape on the first step."""
+    for result in cfg_ranks:
+        case = result["conditioned"]
+        assert not isinstance(case["out"], dict), case["out"]
+        torch.testing.assert_close(case["out"], case["alone"], rtol=0, atol=1e-6)
 
 
 @pytest.mark.e2e

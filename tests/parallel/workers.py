@@ -127,6 +127,11 @@ def guidance_halves() -> Dict[str, Any]:
             "traffic": traffic,
             "restored": restored,
         }
+    model = models.ConditionedDenoiser()
+    alone = models.conditioned_guidance(model)
+    handle = session.parallelize(model, cfg_mode="alternate")
+    results["conditioned"] = {"alone": alone, "out": outcome(lambda: models.conditioned_guidance(model))}
+    handle.restore()
     results["named"] = guidance_by_name(session)
     results["sdxl"] = nested_batch(session)
     session.close()
