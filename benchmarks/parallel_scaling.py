@@ -140,6 +140,8 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--procs", default="1,2,4")
     parser.add_argument("--out", default="benchmarks/results/parallel_scaling_cpu.json")
     args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error("--steps must be at least 2: the time per step is the median of the steps after the first")
     from npu_port.device import device_name
 
     results: Dict[str, Any] = {

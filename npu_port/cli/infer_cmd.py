@@ -333,6 +333,8 @@ def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]
     from ..infer.saving import write_set
 
     dtype = str(plan.dtype).replace("torch.", "")
+    if describe_model(args.model).builtin:
+        print(f"npu-port: model {args.model!r} has random weights: the image is noise-like by design", file=sys.stderr)
     result, ranks = run_parallel(
         args.model,
         plan.device.type,

@@ -50,7 +50,8 @@ def rank_environment(device_type: str, nproc: int, visible_count: Optional[int])
     if device_type == "npu":
         env.update({k: v for k, v in HCCL_TIMEOUTS.items() if k not in os.environ})
     if device_type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        env["OMP_NUM_THREADS"] = str(max(1, cores // nproc))  # the cores this process may use, shared out
     return env
 
 
