@@ -138,6 +138,7 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--models", default="tiny-flux,tiny-wan")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--procs", default="1,2,4")
+    parser.add_argument("--layouts", default=None, help="only these layouts, by name (e.g. 'ulysses 2,cfg 2')")
     parser.add_argument("--out", default="benchmarks/results/parallel_scaling_cpu.json")
     args = parser.parse_args(argv)
     if args.steps < 2:
@@ -156,6 +157,8 @@ def main(argv: List[str] = None) -> int:
             rows = []
             for nproc in map(int, args.procs.split(",")):
                 for name, flags in LAYOUTS[nproc]:
+                    if args.layouts and name not in args.layouts.split(","):
+                        continue
                     ulysses = int(flags[flags.index("--ulysses") + 1]) if "--ulysses" in flags else 1
                     ring = int(flags[flags.index("--ring") + 1]) if "--ring" in flags else 1
                     cfg = "--cfg-parallel" in flags

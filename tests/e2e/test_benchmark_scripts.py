@@ -96,16 +96,15 @@ def test_redirect_overhead_runs_both_loops_in_their_own_processes(tmp_path):
 @pytest.mark.e2e
 def test_parallel_scaling_measures_the_bytes_the_analytic_figure_gives(tmp_path):
     out = tmp_path / "scaling.json"
-    command = [sys.executable, str(BENCHMARKS / "parallel_scaling.py"), "--models", "tiny-wan", "--procs", "1,2"]
-    command += ["--steps", "2", "--out", str(out)]
+    command = [sys.executable, str(BENCHMARKS / "parallel_scaling.py"), "--models", "tiny-wan", "--procs", "2"]
+    command += ["--layouts", "ring 2,cfg 2", "--steps", "2", "--out", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads(out.read_text())["models"]["tiny-wan"]["rows"]
-    assert [row["layout"] for row in rows] == ["single", "ulysses 2", "ring 2", "cfg 2"]
+    assert [row["layout"] for row in rows] == ["ring 2", "cfg 2"]
     for row in rows:
-        assert row["bytes_per_step_measured"] == row["bytes_per_step_analytic"], row["layout"]
+        assert row["bytes_per_step_measured"] == row["bytes_per_step_analytic"] > 0, row["layout"]
         assert row["median_step_s"] > 0
-    assert rows[0]["bytes_per_step_measured"] == 0 and all(row["bytes_per_step_measured"] > 0 for row in rows[1:])
 
 
 def test_the_analytic_figures_of_parallel_scaling():
