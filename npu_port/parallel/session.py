@@ -287,8 +287,9 @@ def _processor_check(model: torch.nn.Module, member: Any) -> Any:
                 if processor is not None and getattr(processor, "_attention_backend", None) is not member:
                     raise ParallelError(
                         f"{name}: its attention processor {type(processor).__name__} does not use npu-port's backend "
-                        "(replaced after parallelize?); under context parallelism it would see this rank's part of "
-                        "the sequence only. Set processors before parallelize, or restore() first"
+                        "(replaced after parallelize, or a processor that takes no dispatcher backend); under context "
+                        "parallelism it would see this rank's part of the sequence only. Set processors before "
+                        "parallelize, or restore() first"
                     )
             return args, kwargs
 
