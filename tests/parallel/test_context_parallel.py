@@ -214,6 +214,18 @@ def test_anything_with_a_ring_is_refused_and_leaves_the_model_as_it_was(request,
 
 
 @pytest.mark.parametrize("nproc, ulysses, ring", CASE_LAYOUTS)
+def test_a_processor_replaced_after_parallelize_stops_the_forward(request, nproc, ulysses, ring):
+    """It would attend to this rank's part of the sequence only: a wrong result, so the forward is refused."""
+    for result in _ranks(request, nproc):
+        assert result["flux cases"][ulysses, ring]["replaced processor"] == {
+            "error": "ParallelError: transformer_blocks.0.attn: its attention processor FluxAttnProcessor does not use "
+            "npu-port's backend (replaced after parallelize, or a processor that takes no dispatcher backend); under "
+            "context parallelism it would see this rank's part of the sequence only. Set processors before "
+            "parallelize, or restore() first"
+        }
+
+
+@pytest.mark.parametrize("nproc, ulysses, ring", CASE_LAYOUTS)
 def test_both_transformers_of_a_wan_2_2_pipeline_are_split_and_restored(request, nproc, ulysses, ring):
     """Wan 2.2 denoises with ``transformer`` then ``transformer_2``: each sees this rank's part of the sequence,
     gives its single-process output, and is given back as it was."""

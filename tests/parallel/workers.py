@@ -213,6 +213,11 @@ def flux_cases(ulysses: int, ring: int) -> Dict[str, Any]:
         found["anything left"] = attention_state(model) == before
     model = models.build("flux")  # each case on a model of its own: one that fails leaves the next one untouched
     handle = session.parallelize(model)
+    block = model.transformer_blocks[0].attn
+    kept = block.processor
+    block.processor = type(kept)()  # replaced after parallelize: a fresh processor on diffusers' default backend
+    found["replaced processor"] = outcome(lambda: model(**models.flux_inputs(masked=True))[0])
+    block.processor = kept
     with torch.inference_mode():
         found["inference mode"] = outcome(lambda: model(**models.flux_inputs(masked=True))[0])
     handle.restore()
