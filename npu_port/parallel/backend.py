@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..attn.api import attention
 from ..integrations.diffusers.routing import current_route
+from ..integrations.diffusers.stand_ins import dispatcher_mask
 from .sequence import SequenceGroups, check_call, context_parallel_attention, gather_key_mask, key_mask
 
 #: The backend's name in diffusers (``model.set_attention_backend("npu_port")``) and its enum member's name.
@@ -70,20 +71,18 @@ def _gathered(source: Tensor, mask: Tensor, groups: SequenceGroups) -> Tensor:
     return cache.get(source, mask, groups)
 
 
+def _attention_lse(*args: Any, **kwargs: Any) -> Tuple[Tensor, Tensor]:
+    return attention(*args, return_lse=True, **kwargs)
+
+
 def _kernels() -> Tuple[Callable[..., Tensor], Callable[..., Tuple[Tensor, Tensor]]]:
     """The attention function and its log-sum-exp form for this call: the active route's (a strategy's router),
     else npu_port.attention with the active selector."""
     route = current_route()
-    function = route.attention_fn if route is not None else None
-    with_lse = getattr(function, "attention_lse", None)
-    if function is None:
-        function = attention
-    if with_lse is None:
-
-        def with_lse(*args: Any, **kwargs: Any) -> Tuple[Tensor, Tensor]:
-            return attention(*args, return_lse=True, **kwargs)
-
-    return function, with_lse
+    if route is None:
+        return attention, _attention_lse
+    function = route.attention_fn
+    return function, getattr(function, "attention_lse", _attention_lse)
 
 
 def _groups(cp: Any) -> SequenceGroups:
@@ -109,16 +108,15 @@ def npu_port_attention(
 ):
     """The backend: diffusers' ``(B, S, H, D)`` layout in and out; ``lse`` as ``(B, S, H)`` float32."""
     function, with_lse = _kernels()
-    options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale, "enable_gqa": enable_gqa}
     cp = getattr(_parallel_config, "context_parallel_config", None)
     if cp is None:
-        if attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape == (query.shape[0], key.shape[1]):
-            attn_mask = attn_mask[:, None, None, :]  # (B, S_kv) as diffusers' native backend reads it
-        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+        attn_mask = dispatcher_mask(attn_mask, query, key)
+        q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        run = with_lse if return_lse else function
+        out = run(q, k, v, attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
         if return_lse:
-            out, lse = with_lse(q, k, v, attn_mask, **options)
-            return out.transpose(1, 2), lse.transpose(1, 2)
-        return function(q, k, v, attn_mask, **options).transpose(1, 2)
+            return out[0].transpose(1, 2), out[1].transpose(1, 2)
+        return out.transpose(1, 2)
     groups = _groups(cp)
     check_call(query, key, value, dropout_p, is_causal, enable_gqa, groups)
     mask = key_mask(attn_mask, query.shape[0], query.shape[2], key.shape[1])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.nn.functional as real_functional
@@ -70,6 +70,14 @@ def _dispatch_arguments(
     return query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, attention_kwargs, parallel_config
 
 
+def dispatcher_mask(mask: Optional[torch.Tensor], query: torch.Tensor, key: torch.Tensor) -> Optional[torch.Tensor]:
+    """A mask as diffusers' native backend reads it: a 2-D ``(B, S_kv)`` one (for ``(B, S, H, D)`` query and key)
+    becomes ``(B, 1, 1, S_kv)``; any other form is SDPA's already."""
+    if mask is not None and mask.ndim == 2 and mask.shape[0] == query.shape[0] and mask.shape[1] == key.shape[1]:
+        return mask[:, None, None, :]
+    return mask
+
+
 def routed_dispatch(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """A ``dispatch_attention_fn`` that sends the call to the active route inside a targeted module.
 
@@ -97,8 +105,7 @@ def routed_dispatch(original: Callable[..., torch.Tensor]) -> Callable[..., torc
                 "(backend-specific options have no SDPA equivalent)"
             )
             return original(*args, **kwargs)
-        if mask is not None and mask.ndim == 2 and mask.shape[0] == query.shape[0] and mask.shape[1] == key.shape[1]:
-            mask = mask[:, None, None, :]
+        mask = dispatcher_mask(mask, query, key)
         query, key, value = (t.permute(0, 2, 1, 3) for t in (query, key, value))
         out = route.attend("dispatch", query, key, value, mask, dropout_p, is_causal, scale, gqa)
         return out.permute(0, 2, 1, 3)
