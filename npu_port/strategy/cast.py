@@ -9,7 +9,7 @@ result against the math kernel on the original dtype like any other candidate.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -17,6 +17,7 @@ from torch import Tensor
 from ..attn.call import AttentionCall
 from ..attn.kernels.base import Kernel
 from ..attn.masks import CanonicalMask, dtype_name
+from ..attn.target import Target
 from ..reasons import Reason
 
 
@@ -57,10 +58,10 @@ class CastKernel(Kernel):
         self.name = f"{inner.name}@{dtype_name(dtype)}"  # instance attribute: shown in explain() and reports
         self.summary = f"{inner.summary} (computed in {dtype_name(dtype)})"
 
-    def reasons(self, call: AttentionCall) -> List[Reason]:
+    def reasons(self, call: AttentionCall, target: Optional[Target] = None) -> List[Reason]:
         if call.dtype != torch.float32:
             return [Reason("dtype", f"compute_dtype applies to float32 calls only, got {dtype_name(call.dtype)}")]
-        return self.inner.reasons(stand_in_call(call, self.dtype))
+        return self.inner.reasons(stand_in_call(call, self.dtype), target)
 
     def availability(self) -> List[Reason]:
         return self.inner.availability()

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ...device.chips import Chip, current_chip
 from ...reasons import Reason
 from ..call import AttentionCall
 from .base import unmask_empty_rows
@@ -40,15 +41,23 @@ def compressed_causal_mask(device: torch.device) -> Tensor:
     return mask
 
 
-def npu_device_reasons() -> List[Reason]:
-    """Why no NPU can be used although torch_npu imports (driver missing, devices hidden)."""
+def chip_reasons(chip: Optional[Chip], op: str) -> List[Reason]:
+    """Why ``op`` (a FlashAttentionScore-family op) does not exist on ``chip`` (910A, 310P); none for an unknown
+    chip, which the op itself will judge."""
+    if chip is None or chip.fused_attention:
+        return []
+    return [Reason("chip", f"Ascend {chip.name} has no FlashAttentionScore: {op} is not available ({chip.note})")]
+
+
+def npu_device_reasons(op: str) -> List[Reason]:
+    """Why no NPU can be used although torch_npu imports (driver missing, devices hidden, a chip without the op)."""
     npu = getattr(torch, "npu", None)
     try:
         present = npu is not None and bool(npu.is_available())
     except Exception as exc:  # a half-initialised driver raises here: report it, never crash
         return [Reason("no-device", f"torch.npu.is_available() failed: {type(exc).__name__}: {exc}")]
     if present:
-        return []
+        return chip_reasons(current_chip(), op)
     return [
         Reason(
             "no-device",

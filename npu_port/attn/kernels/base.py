@@ -7,7 +7,8 @@ and a wrong name or value fails with the valid choices.
 
 Reason codes used by the built-in kernels: ``package-missing``, ``package-broken``, ``no-device``, ``device``,
 ``dtype``, ``head-dim``, ``heads``, ``shape``, ``mask``, ``causal``, ``dropout``, ``grad``, ``budget``, ``backend``,
-``lse`` (``return_lse=True`` and the kernel cannot return the log-sum-exp for this call).
+``lse`` (``return_lse=True`` and the kernel cannot return the log-sum-exp for this call), ``chip`` (the Ascend chip
+has no such op: 910A, 310P).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ...reasons import Reason
 from ...settings import InvalidSetting, Setting, validate
 from ..call import AttentionCall
 from ..masks import dtype_name
+from ..target import Target
 
 FLOAT_DTYPES: Tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -155,20 +157,27 @@ class Kernel:
 
     # ---- one call -----------------------------------------------------------------------------------------------
 
-    def reasons(self, call: AttentionCall) -> List[Reason]:
-        """Every reason this kernel cannot run ``call``; an empty list means it can."""
-        status = self.package_status()
-        if status is not None and not status.ok:
-            return [status.reason]
+    def reasons(self, call: AttentionCall, target: Optional[Target] = None) -> List[Reason]:
+        """Every reason this kernel cannot run ``call``; an empty list means it can.
+
+        With a ``target`` the call is judged for that device instead of its own (a plan made on a CPU for an NPU):
+        whether the package is installed and a device visible is not asked, the target's device type and chip are.
+        """
+        if target is None:
+            status = self.package_status()
+            if status is not None and not status.ok:
+                return [status.reason]
+        device_type = call.device.type if target is None else target.device_type
         found: List[Reason] = []
-        if self.device_types is not None and call.device.type not in self.device_types:
+        if self.device_types is not None and device_type not in self.device_types:
             found.append(
                 Reason(
                     "device",
-                    f"tensors are on {call.device.type}; "
-                    f"{self.name} runs on {'/'.join(self.device_types)} tensors only",
+                    f"tensors are on {device_type}; {self.name} runs on {'/'.join(self.device_types)} tensors only",
                 )
             )
+        elif target is not None:
+            found.extend(self.target_reasons(target))
         if call.dtype not in self.dtypes:
             found.append(
                 Reason(
@@ -222,6 +231,11 @@ class Kernel:
 
     def call_reasons(self, call: AttentionCall) -> List[Reason]:
         """Kernel-specific reasons beyond the declared capabilities."""
+        return []
+
+    def target_reasons(self, target: Target) -> List[Reason]:
+        """Why the kernel cannot run on ``target`` at all (its chip lacks the op); the plan's stand-in for
+        :meth:`device_reasons`, which asks the real machine."""
         return []
 
     def run(self, call: AttentionCall) -> Tensor:

@@ -16,6 +16,7 @@ from torch import Tensor
 from ...reasons import Reason
 from ..call import AttentionCall
 from ..registry import register_kernel
+from ..target import Target
 from . import _ascend
 from .base import Kernel, zero_fully_masked_rows
 
@@ -39,7 +40,10 @@ class NpuFusedInferKernel(Kernel):
     supports_lse = True  # softmax_lse_flag=True
 
     def device_reasons(self) -> List[Reason]:
-        return _ascend.npu_device_reasons()
+        return _ascend.npu_device_reasons("npu_fused_infer_attention_score")
+
+    def target_reasons(self, target: Target) -> List[Reason]:
+        return _ascend.chip_reasons(target.chip, "npu_fused_infer_attention_score")
 
     def call_reasons(self, call: AttentionCall) -> List[Reason]:
         op = "npu_fused_infer_attention_score"

@@ -16,6 +16,7 @@ from torch import Tensor
 from ...reasons import Reason
 from ..call import AttentionCall
 from ..registry import register_kernel
+from ..target import Target
 from . import _ascend
 from .base import Kernel, zero_fully_masked_rows
 
@@ -37,7 +38,10 @@ class NpuFusionKernel(Kernel):
     supports_lse = True  # softmax_max + log(softmax_sum), without gradients (the op's statistics are detached)
 
     def device_reasons(self) -> List[Reason]:
-        return _ascend.npu_device_reasons()
+        return _ascend.npu_device_reasons("npu_fusion_attention")
+
+    def target_reasons(self, target: Target) -> List[Reason]:
+        return _ascend.chip_reasons(target.chip, "npu_fusion_attention")
 
     def call_reasons(self, call: AttentionCall) -> List[Reason]:
         found = _ascend.limit_reasons(
