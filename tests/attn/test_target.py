@@ -48,3 +48,11 @@ def test_bad_targets_are_clear():
     with pytest.raises(DeviceError, match=r"--chip names an Ascend chip; it applies to --device npu, not 'cuda'"):
         Target.of("cuda", "910B")
     assert Target.of("npu").describe() == "npu (910B)"
+
+
+def test_only_the_ascend_ops_count_as_fused_by_default():
+    target = Target.of("npu")
+    assert get_kernel("npu_fusion").fused(_call(), target) is True
+    assert get_kernel("npu_fused_infer").fused(_call(), target) is True
+    assert get_kernel("math").fused(_call(), target) is False
+    assert get_kernel("chunked").fused(_call(), target) is False

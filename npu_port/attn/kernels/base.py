@@ -256,6 +256,18 @@ class Kernel:
         """
         return None
 
+    def fused(self, call: AttentionCall, target: Target) -> bool:
+        """Whether this kernel runs ``call`` on ``target`` as one fused attention op (no score matrix in device
+        memory). Only asked of a kernel whose ``reasons(call, target)`` are empty; a plan counts the calls for which
+        it is True. Portable kernels that compute scores (math, chunked) say False; a kernel that hands the call to
+        a device library decides by that library's documented rules (sdpa on an NPU)."""
+        return False
+
+    def plan_bytes(self, call: AttentionCall) -> int:
+        """Device bytes this kernel allocates for ``call`` beyond its inputs and output: scores, converted masks,
+        workspaces. A plan reports it; the default is :meth:`score_bytes`."""
+        return self.score_bytes(call)
+
     def score_bytes(self, call: AttentionCall) -> int:
         """Bytes of attention scores this kernel materialises for ``call`` (0 for fused, O(S) kernels).
 

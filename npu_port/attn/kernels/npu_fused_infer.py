@@ -42,6 +42,9 @@ class NpuFusedInferKernel(Kernel):
     def device_reasons(self) -> List[Reason]:
         return _ascend.npu_device_reasons("npu_fused_infer_attention_score")
 
+    def fused(self, call: AttentionCall, target: Target) -> bool:
+        return True
+
     def target_reasons(self, target: Target) -> List[Reason]:
         return _ascend.chip_reasons(target.chip, "npu_fused_infer_attention_score")
 

@@ -40,6 +40,9 @@ class NpuFusionKernel(Kernel):
     def device_reasons(self) -> List[Reason]:
         return _ascend.npu_device_reasons("npu_fusion_attention")
 
+    def fused(self, call: AttentionCall, target: Target) -> bool:
+        return True
+
     def target_reasons(self, target: Target) -> List[Reason]:
         return _ascend.chip_reasons(target.chip, "npu_fusion_attention")
 
