@@ -5,7 +5,10 @@ Before diffusers 0.17 the VAE's mid-block attention (and ``AttnDownBlock2D`` / `
 computes the attention inline — ``baddbmm`` scores scaled by ``1/sqrt(channels/num_heads)``, a softmax in float32,
 a ``bmm`` — or, behind its ``_use_memory_efficient_attention_xformers`` flag, calls ``xformers.ops`` (which fails
 without CUDA). The only way to route it is to replace ``forward`` with one that does exactly the same steps around
-the attention core and hands the core to ``npu_port.attention`` (the process-wide strategy picks the kernel).
+the attention core and hands the core to the attention function that
+:func:`~npu_port.integrations.legacy_scope.attention_for` gives: a target's strategy while a targeted module runs,
+else ``npu_port.attention`` (the process-wide strategy) for a class routed process-wide, else none — the original
+``forward`` runs.
 
 The routed ``forward`` ignores the xformers flag (routed attention is what the flag asks for, on any device) and
 computes the core in float32 or wider, as the original's softmax does; its result is returned in the projections'
@@ -27,7 +30,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from ..attn.api import attention
+from .legacy_scope import attention_for
 
 #: Where diffusers up to 0.16 defines ``AttentionBlock``.
 MODULE = "diffusers.models.attention"
@@ -55,12 +58,14 @@ def is_attention_block_class(cls: Any) -> bool:
     return _original(inspect.getattr_static(cls, "forward")) is own
 
 
-def routed_forward(original: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """``AttentionBlock.forward(self, hidden_states)`` with the attention core through ``npu_port.attention``."""
+def routed_forward(original: Callable[..., Tensor], owner: type) -> Callable[..., Tensor]:
+    """``AttentionBlock.forward(self, hidden_states)`` with the attention core routed (``owner``: the class it is
+    installed on)."""
 
     def forward(self, hidden_states):
-        if not isinstance(hidden_states, Tensor) or hidden_states.dim() != 4:
-            return original(self, hidden_states)  # the original's own error for anything but (B, C, H, W)
+        attention = attention_for(owner)
+        if attention is None or not isinstance(hidden_states, Tensor) or hidden_states.dim() != 4:
+            return original(self, hidden_states)  # not routed here; or the original's own error for non-(B, C, H, W)
         residual = hidden_states
         batch, channel, height, width = hidden_states.shape
 
@@ -86,6 +91,6 @@ def routed_forward(original: Callable[..., Tensor]) -> Callable[..., Tensor]:
         return (hidden_states + residual) / self.rescale_output_factor
 
     forward.__name__ = forward.__qualname__ = "forward"
-    forward.__doc__ = "npu-port: AttentionBlock.forward with the attention core through npu_port.attention."
+    forward.__doc__ = "npu-port: AttentionBlock.forward with the attention core routed by npu-port."
     forward.__npu_port_original__ = original  # type: ignore[attr-defined]
     return forward

@@ -329,37 +329,50 @@ def test_cross_attention_kwargs_are_refused_as_the_originals_refuse_them():
     assert str(info.value) == f"{name}.__call__() got an unexpected argument: 'scale'"
 
 
-# ---- strategies on targets that have no processors -----------------------------------------------------------------
+# ---- strategies on targets whose attention is legacy ----------------------------------------------------------------
 
 
-@pytest.mark.diffusers_below("0.12")
-def test_a_strategy_on_a_model_of_a_diffusers_without_processors_says_what_npu_port_does_instead():
-    import diffusers
-
-    unet = tiny_unet()
-    with pytest.raises(ValueError) as info:
-        npu_port.set_attention_strategy("sdpa", target=unet)
-    assert str(info.value) == (
-        f"diffusers {diffusers.__version__} has no attention processors (they came in 0.12), so a strategy cannot "
-        "be applied to UNet2DConditionModel's modules; its CrossAttention and AttentionBlock modules are legacy "
-        "attention: npu_port.patch_legacy_attention(model) routes them through the process-wide strategy instead "
-        "(what enable_xformers_memory_efficient_attention() does under npu-port run)"
-    )
-    assert "pip install" not in str(info.value)
-
-
-@pytest.mark.diffusers_min("0.12")
 @pytest.mark.diffusers_below("0.17")
-def test_a_strategy_on_a_vae_of_attention_blocks_names_the_legacy_route():
-    import diffusers
+def test_a_strategy_on_a_pipeline_routes_its_legacy_attention_inside_it_only():
+    """0.11's ``CrossAttention`` and ``AttentionBlock`` (0.11-0.16) have no processor: a strategy applied to the
+    pipeline routes them through its kernels all the same, while the same classes outside the pipeline run their own
+    code (not even the process-wide strategy)."""
+    api = classes.load()
+    kinds = attention_kinds()
+    legacy_kinds = tuple(cls for cls in (api.LegacyCrossAttention, api.AttentionBlock) if cls is not None)
+    reference = tiny_pipeline()
+    reference.unet.double()
+    reference.vae.double()
+    ran = []
+    handles = [m.register_forward_hook(lambda m, *_: ran.append(m)) for c in (reference.unet, reference.vae)
+               for m in c.modules() if isinstance(m, kinds)]  # fmt: skip
+    expected = run_pipeline(reference, dtype=torch.float64)
+    for handle in handles:
+        handle.remove()
 
-    with pytest.raises(ValueError) as info:
-        npu_port.set_attention_strategy("sdpa", target=tiny_vae())
-    assert str(info.value).endswith(
-        f"; its AttentionBlock modules (diffusers {diffusers.__version__}) are legacy: npu_port.patch_legacy_attention"
-        "(model) routes them through the process-wide strategy instead (what "
-        "enable_xformers_memory_efficient_attention() does under npu-port run)"
+    pipe, outside = tiny_pipeline(), tiny_pipeline(seed=3)
+    legacy = [m for c in (pipe.unet, pipe.vae) for m in c.modules() if isinstance(m, legacy_kinds)]
+    expected_outside = run_pipeline(outside)
+    before = class_state(*legacy_kinds)
+    with (
+        npu_port.attention_strategy("vanilla") as process,
+        npu_port.attention_strategy("chunked", target=pipe) as handle,
+    ):
+        got = run_pipeline(pipe)
+        got_outside = run_pipeline(outside)
+        states = handle.applied.states()
+    assert legacy and len(ran) == handle.calls["chunked"] and set(handle.calls) == {"chunked"}
+    assert handle.applied.calls["legacy"] == sum(isinstance(m, legacy_kinds) for m in ran)
+    assert sorted(s.processor for s in states if s.detail.startswith("legacy")) == sorted(
+        type(m).__name__ for m in legacy
     )
+    assert process.calls == {}
+    for tensor, reference_tensor in zip(got, expected):
+        assert_matches(tensor, reference_tensor, torch.float32)
+    for tensor, original in zip(got_outside, expected_outside):
+        assert torch.equal(tensor, original)
+    assert_same_state(before)
+    assert active_patches() == []
 
 
 # ---- diffusers' xformers switch, whatever the version ---------------------------------------------------------------

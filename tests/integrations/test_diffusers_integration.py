@@ -982,8 +982,10 @@ def test_pipeline_components_without_diffusers_attention_are_skipped_and_an_empt
     with pytest.raises(ValueError) as info:
         apply_to_target(empty, kernel_fn("math"))
     assert str(info.value) == (
-        "DDPMPipeline contains no diffusers attention module (diffusers.models.attention_processor.Attention or "
-        "AttentionModuleMixin), so there is no attention to apply a strategy to"
+        "DDPMPipeline contains no attention module npu-port can route: no diffusers attention module (diffusers."
+        "models.attention_processor.Attention or AttentionModuleMixin) and no legacy attention (a class with "
+        "_attention(self, query, key, value, attention_mask=None) using self.heads and self.scale, or diffusers' "
+        "AttentionBlock), so there is no attention to apply a strategy to"
     )
 
 
@@ -1000,8 +1002,10 @@ def test_bad_targets_and_arguments_are_refused_with_exact_messages():
     with pytest.raises(ValueError) as info:
         apply_to_target(torch.nn.Linear(2, 2), kernel_fn("math"))
     assert str(info.value) == (
-        "Linear contains no diffusers attention module (diffusers.models.attention_processor.Attention or "
-        "AttentionModuleMixin), so there is no attention to apply a strategy to"
+        "Linear contains no attention module npu-port can route: no diffusers attention module (diffusers.models."
+        "attention_processor.Attention or AttentionModuleMixin) and no legacy attention (a class with _attention("
+        "self, query, key, value, attention_mask=None) using self.heads and self.scale, or diffusers' "
+        "AttentionBlock), so there is no attention to apply a strategy to"
     )
     dit = tiny.tiny_dit()
     with pytest.raises(TypeError) as info:

@@ -8,6 +8,8 @@ before anything is patched.
 
 from __future__ import annotations
 
+import copy
+import gc
 import json
 import logging
 import math
@@ -353,6 +355,166 @@ def test_patching_a_class_routes_instances_built_later():
         module = LegacyCrossAttention(8, heads=2, dim_head=4)
         module(torch.randn(1, 3, 8))
     assert handle.calls == {"sdpa": 1}
+
+
+# ---- a strategy applied to a model that holds legacy attention --------------------------------------------------------
+
+LEGACY_CLASSES = (LegacyCrossAttention, FrameAttention, LegacyTransformerBlock)
+
+
+def reference_model(model):
+    """A float64 copy of ``model`` running its own code (nothing is patched yet where it is called)."""
+    return copy.deepcopy(model).double()
+
+
+def _class_state():
+    return {cls: dict(vars(cls)) for cls in LEGACY_CLASSES}
+
+
+def _assert_class_state(before):
+    for cls, attributes in before.items():
+        assert vars(cls).keys() == attributes.keys(), cls
+        assert all(vars(cls)[name] is value for name, value in attributes.items()), cls
+
+
+def test_a_strategy_on_a_model_routes_its_legacy_attention_and_nothing_outside_it():
+    torch.manual_seed(0)
+    model, outside = LegacyTransformer(), LegacyTransformer()
+    hidden, context, mask = _inputs()
+    before = _class_state()
+    with torch.no_grad():
+        expected = reference_model(model)(hidden.double(), context.double(), mask.double())
+        expected_outside = outside(hidden, context, mask)
+        model.blocks[0].attn1._use_memory_efficient_attention_xformers = True
+        with (
+            npu_port.attention_strategy("vanilla") as process,
+            npu_port.attention_strategy("chunked", target=model) as handle,
+        ):
+            got = model(hidden, context, mask)
+            got_outside = outside(hidden, context, mask)
+            states = [(s.name, s.processor, s.state) for s in handle.applied.states()]
+            described = handle.applied.describe().splitlines()
+            with pytest.raises(ValueError, match="torch.cuda.is_available"):  # the repo's setter: not ours to change
+                model.blocks[0].set_use_memory_efficient_attention_xformers(True)
+    assert handle.calls == {"chunked": 4} and handle.applied.calls == {"legacy": 4}
+    assert process.calls == {}  # outside the target the original code ran: not even the process-wide strategy
+    assert_matches(got, expected, torch.float32)
+    assert torch.equal(got_outside, expected_outside)
+    assert states == [
+        (f"blocks.{i}.{name}", kind, "routed")
+        for i in (0, 1)
+        for name, kind in (("attn1", "FrameAttention"), ("attn2", "LegacyCrossAttention"))
+    ]
+    assert described[:3] == [
+        "LegacyTransformer: 0 diffusers and 4 legacy attention modules (active)",
+        "  routed: 4 (2 x FrameAttention, 2 x LegacyCrossAttention): processor kept; its attention core is routed",
+        "    FrameAttention: legacy attention (no processor): its class's attention method routed inside this target "
+        "(2 modules)",
+    ]
+    _assert_class_state(before)
+    assert model.blocks[0].attn1._use_memory_efficient_attention_xformers is True and active_patches() == []
+
+
+def test_a_target_strategy_and_patch_legacy_attention_share_the_classes_in_either_order():
+    hidden, context, mask = _inputs()
+    before = _class_state()
+    for target_first in (True, False):
+        model, outside = LegacyTransformer(), LegacyTransformer()
+        with torch.no_grad(), npu_port.attention_strategy("vanilla") as process:
+            expected_outside = outside(hidden, context, mask)
+            if target_first:
+                handle = npu_port.set_attention_strategy("chunked", target=model)
+                patch = patch_legacy_attention(outside)
+            else:
+                patch = patch_legacy_attention(outside)
+                handle = npu_port.set_attention_strategy("chunked", target=model)
+            model(hidden, context, mask)
+            outside(hidden, context, mask)
+            assert (handle.calls, process.calls) == ({"chunked": 4}, {"math": 4})
+            patch.restore()  # the target's routing still holds the classes, for its own modules only
+            assert vars(LegacyCrossAttention)["_attention"] is not ORIGINAL["_attention"]
+            assert torch.equal(outside(hidden, context, mask), expected_outside)
+            model(hidden, context, mask)
+            assert (handle.calls, process.calls) == ({"chunked": 8}, {"math": 4})
+            handle.restore()
+        _assert_class_state(before)
+        assert active_patches() == []
+
+
+def test_a_strategy_applied_twice_routes_to_the_newest_until_it_is_restored():
+    model = LegacyTransformer()
+    hidden, context, mask = _inputs()
+    with torch.no_grad():
+        older = npu_port.set_attention_strategy("chunked", target=model)
+        newer = npu_port.set_attention_strategy("sdpa", target=model)
+        model(hidden, context, mask)
+        assert (older.calls, newer.calls) == ({}, {"sdpa": 4})
+        newer.restore()
+        model(hidden, context, mask)
+        assert older.calls == {"chunked": 4}
+        older.restore()
+    assert active_patches() == []
+
+
+def test_a_model_with_legacy_attention_dropped_without_restore_gives_its_patches_back():
+    model = LegacyTransformer()
+    handle = npu_port.set_attention_strategy("chunked", target=model)
+    assert active_patches() == ["FrameAttention._attention", "FrameAttention._sliced_attention",
+                                "FrameAttention.get_attention_scores", "LegacyCrossAttention._attention",
+                                "LegacyCrossAttention._sliced_attention", "LegacyCrossAttention.get_attention_scores"]  # fmt: skip
+    del model
+    gc.collect()
+    assert active_patches() == [] and handle.target is None
+    handle.restore()  # nothing left to undo: safe
+
+
+def test_custom_processors_cannot_go_on_legacy_attention():
+    class Processor:
+        def __call__(self, attn, hidden_states, **kwargs):
+            return hidden_states
+
+    with pytest.raises(ValueError) as info:
+        npu_port.set_attention_strategy(Processor, target=LegacyTransformer())
+    assert str(info.value) == (
+        "LegacyTransformer has no diffusers attention module to install a custom processor on: its attention modules "
+        "(FrameAttention, LegacyCrossAttention) are legacy attention, which has no processor; apply a kernel strategy "
+        "to it instead (they are routed)"
+    )
+    assert active_patches() == []
+
+
+@NEW_DIFFUSERS
+def test_a_controlvideo_style_unet_has_every_attention_routed_by_a_strategy_on_it():
+    """The families' mixed model: legacy ``FullyFrameAttention`` beside diffusers ``Attention`` in each block."""
+    from npu_port.integrations.legacy_attention.tiny import FullyFrameAttention, TinyControlVideoUNet
+
+    torch.manual_seed(0)
+    model = TinyControlVideoUNet(channels=(16, 32), heads=2, text_dim=12)
+    gen = torch.Generator().manual_seed(1)
+    sample, text = torch.randn(2, 4, 3, 4, 4, generator=gen), torch.randn(2, 5, 12, generator=gen)
+    original = vars(FullyFrameAttention)["_attention"]
+    with torch.no_grad():
+        expected = reference_model(model)(sample.double(), text.double())
+        with npu_port.attention_strategy("chunked", target=model) as handle:
+            got = model(sample, text)
+            described = handle.applied.describe().splitlines()[0]
+    assert handle.calls == {"chunked": 4} and handle.applied.calls == {"legacy": 2, "processor": 2}
+    assert described == "TinyControlVideoUNet: 2 diffusers and 2 legacy attention modules (active)"
+    assert_matches(got, expected, torch.float32)
+    assert vars(FullyFrameAttention)["_attention"] is original and active_patches() == []
+
+    class Processor:
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, **kwargs):
+            return hidden_states
+
+    with npu_port.attention_strategy(Processor, target=model) as handle:
+        states = [(s.name, s.processor, s.state) for s in handle.applied.states()]
+    assert states == [
+        ("down.block.attn2", "Processor", "custom"),
+        ("mid.block.attn2", "Processor", "custom"),
+        ("down.block.attn1", "FullyFrameAttention", "kept"),
+        ("mid.block.attn1", "FullyFrameAttention", "kept"),
+    ]
 
 
 # ---- diffusers' xformers switches ------------------------------------------------------------------------------------

@@ -145,12 +145,13 @@ class Routing:
     finalizers hold this, never the :class:`AppliedAttention` with its processors, so they cannot keep a model alive
     (a processor may refer to its own module)."""
 
-    __slots__ = ("tally", "hooks", "lease", "live", "restored")
+    __slots__ = ("tally", "hooks", "lease", "legacy", "live", "restored")
 
     def __init__(self) -> None:
         self.tally = Tally()
         self.hooks: Dict[str, List[RemovableHandle]] = {}  # module name -> its routing hooks
         self.lease: Optional[PatchLease] = None
+        self.legacy: Any = None  # the LegacyPatch of the target's legacy attention classes, if it has any
         self.live = 0
         self.restored = False
 
@@ -165,15 +166,23 @@ class Routing:
         """A finalizer: one of the modules is gone. With the last one, release what is shared with others (the
         patches), so a model dropped without ``restore()`` takes its routing with it."""
         self.live -= 1
-        if self.live <= 0 and not self.restored and self.lease is not None:
+        if self.live <= 0 and not self.restored:
+            self.release_patches()
+
+    def release_patches(self) -> None:
+        """Give back the shared patches: the module globals and processor classes, the legacy attention classes."""
+        if self.lease is not None:
             self.lease.release()
+        if self.legacy is not None:
+            self.legacy.restore()
 
 
 class AppliedAttention:
     """An attention strategy applied to a diffusers target; :meth:`restore` undoes it (idempotent).
 
     ``modules``: a :class:`ModuleChange` per attention module, as applied; :meth:`states`: each module now.
-    ``calls``: routed attention calls by path (``"processor"``, ``"sdpa"``, ``"dispatch"``, ``"scores"``);
+    ``calls``: routed attention calls by path (``"processor"``, ``"sdpa"``, ``"dispatch"``, ``"scores"``,
+    ``"legacy"``: legacy attention modules, which have no processor);
     ``calls_by_module``: by qualified module name; ``declined``: calls inside targeted modules left to diffusers, by
     reason. ``target``: the model or pipeline, or None once it was freed. Also a context manager that restores.
     """
@@ -185,6 +194,7 @@ class AppliedAttention:
         self.tally = self.routing.tally
         self.left_alone: List[str] = []
         self._modules: List[Tuple[str, "weakref.ref[nn.Module]"]] = []
+        self._legacy: set = set()  # names of the legacy attention modules (no processor)
         self._undo_processors: List[ProcessorLayer] = []
         self._unwatch: List[Callable[[], None]] = []
         self._finalizers: List[weakref.finalize] = []
@@ -196,9 +206,22 @@ class AppliedAttention:
 
     # ---- recording (used while applying) ----------------------------------------------------------------------
 
-    def _record(self, name: str, module: nn.Module, original: Any, action: str, installed: Any = None) -> None:
-        """Note a module before changing it; ``installed``: the processor about to be set (None: unchanged)."""
-        self.modules.append(ModuleChange(name, type(original).__name__, action))
+    def _record(
+        self,
+        name: str,
+        module: nn.Module,
+        original: Any,
+        action: str,
+        installed: Any = None,
+        label: Optional[str] = None,
+        legacy: bool = False,
+    ) -> None:
+        """Note a module before changing it; ``installed``: the processor about to be set (None: unchanged);
+        ``label``: what to call its processor (default: the class name of ``original``); ``legacy``: a legacy
+        attention module, which has no processor (its class is routed)."""
+        self.modules.append(ModuleChange(name, label or type(original).__name__, action))
+        if legacy:
+            self._legacy.add(name)
         self._modules.append((name, weakref.ref(module)))
         self.routing.live += 1
         self._finalizers.append(weakref.finalize(module, self.routing.module_freed))
@@ -251,7 +274,9 @@ class AppliedAttention:
                 continue
             processor = getattr(module, "processor", None)
             kind = type(processor)
-            if change.action == "custom" or self.routing.restored:
+            if name in self._legacy:
+                states.append(ModuleState(name, change.original, *self._legacy_state(change.action)))
+            elif change.action == "custom" or self.routing.restored:
                 states.append(ModuleState(name, kind.__name__, change.action, ACTION_MEANINGS[change.action]))
             elif kind is RoutedAttnProcessor:
                 stands = processor.stands_in_for.__name__  # type: ignore[union-attr]
@@ -266,12 +291,21 @@ class AppliedAttention:
                 states.append(ModuleState(name, kind.__name__, "kept", "set after the strategy; not routed"))
         return states
 
+    def _legacy_state(self, action: str) -> Tuple[str, str]:
+        if action == "routed" and not self.routing.restored:
+            return "routed", "legacy attention (no processor): its class's attention method routed inside this target"
+        if action == "kept":
+            return "kept", "legacy attention (no processor): a custom processor cannot be installed on it"
+        return action, ACTION_MEANINGS[action]
+
     def describe(self) -> str:
         """A few lines for ``explain()``: what each module runs now, and how many calls went through."""
         target = self.target
         label = type(target).__name__ if target is not None else "(freed target)"
         state = "restored" if self.routing.restored else "active"
-        lines = [f"{label}: {len(self.modules)} diffusers attention modules ({state})"]
+        legacy = f" and {len(self._legacy)} legacy" if self._legacy else ""
+        diffusers = len(self.modules) - len(self._legacy)
+        lines = [f"{label}: {diffusers} diffusers{legacy} attention modules ({state})"]
         states = self.states()
         for action in ACTIONS + ("freed",):
             chosen = [s for s in states if s.state == action]
@@ -342,8 +376,7 @@ class AppliedAttention:
                 except Exception:  # pragma: no cover - would need a module that refuses attribute assignment
                     first_error = first_error or exc
         self._undo_processors.clear()
-        if routing.lease is not None:
-            routing.lease.release()
+        routing.release_patches()
         if first_error is not None:
             raise first_error
 

@@ -11,6 +11,11 @@ Two mechanisms, chosen per module by the processor it has:
   when it goes through ``get_attention_scores`` (:mod:`.scores`). One that can be routed by neither is reported as
   not routed, with the reason; linear attention (Sana) as linear.
 
+Legacy attention in the target (a project's copy of diffusers 0.11's ``CrossAttention``, ControlVideo's
+``FullyFrameAttention``, diffusers' ``AttentionBlock`` up to 0.16) has no processor: its class gets the legacy routed
+methods, which route through the target's attention function while the module runs and run the original code
+anywhere else (:mod:`npu_port.integrations.legacy_scope`), so a mixed model has every attention call routed.
+
 A module with a kept processor gets routing hooks; a replaced one gets none (our processor routes its own core).
 Every module is watched, so a processor set on it later (``set_default_attn_processor``, attention slicing,
 ``fuse_qkv_projections``, IP-Adapter loading, ``set_attn_processor``) is routed the moment it is set, by the same
@@ -33,7 +38,7 @@ from .patches import PatchLease
 from .processor import RoutedAttnProcessor
 from .routing import AttentionFn, Route, install_route_hooks
 from .scores import diffusers_scores
-from .targets import attention_modules, describe_type
+from .targets import LEGACY_ONLY, describe_type, find_attention
 from .watch import watch
 
 ATTENTION_FN_SIGNATURE = (
@@ -115,6 +120,19 @@ def _install_routing(
         applied._unwatch.append(watch(module, _follow(applied.routing, api, name, route)))
 
 
+def _install_legacy(applied: AppliedAttention, legacy: List[Tuple[str, nn.Module]], attention_fn: AttentionFn) -> None:
+    """Route the target's legacy attention modules (no processor: their class's ``_attention`` / ``forward``) through
+    ``attention_fn``: routed methods on their classes that route only while a targeted module runs, and route hooks
+    on each module (see :mod:`npu_port.integrations.legacy_scope`)."""
+    from ..legacy_attention.patch import route_target_legacy
+
+    applied.routing.legacy = route_target_legacy(applied.target, legacy)
+    for name, module in legacy:
+        applied._record(name, module, None, "routed", label=type(module).__name__, legacy=True)
+        route = Route(attention_fn, name, applied.tally)
+        applied.routing.set_hooks(name, list(install_route_hooks(module, route)))
+
+
 def _lease(routing: Routing, api: classes.DiffusersClasses) -> PatchLease:
     """The application's shared patches, taken the first time a processor other than ours needs them."""
     if routing.lease is None:
@@ -167,8 +185,9 @@ def apply_to_target(
     """Send every diffusers attention computation in ``target`` to ``attention_fn``; undo with ``.restore()``.
 
     ``target``: a diffusers model (``ModelMixin``), a ``DiffusionPipeline`` (each ``torch.nn.Module`` component), or
-    a ``torch.nn.Module`` containing diffusers ``Attention`` / ``AttentionModuleMixin`` modules; anything else raises
-    :class:`TypeError`, and a target without diffusers attention raises :class:`ValueError`.
+    a ``torch.nn.Module`` containing diffusers ``Attention`` / ``AttentionModuleMixin`` modules or legacy attention
+    (routed too: :func:`_install_legacy`); anything else raises :class:`TypeError`, and a target with no attention
+    module of either kind raises :class:`ValueError`.
 
     ``attention_fn(query, key, value, attn_mask=None, *, dropout_p=0.0, is_causal=False, scale=None,
     enable_gqa=False)``: exactly ``torch.nn.functional.scaled_dot_product_attention``'s semantics, ``(B, H, S, D)``
@@ -182,13 +201,20 @@ def apply_to_target(
     """
     _check_arguments(attention_fn, processor_factory)
     api = classes.load()
-    found = attention_modules(target, api)
+    found, legacy = find_attention(target, api)
+    if processor_factory is not None and not found:
+        kinds = ", ".join(sorted({type(module).__name__ for _, module in legacy}))
+        raise ValueError(LEGACY_ONLY.format(name=type(target).__name__, classes=kinds))
     applied = AppliedAttention(target)
     try:
         if processor_factory is not None:
             _install_custom(applied, found, processor_factory)
+            for name, module in legacy:
+                applied._record(name, module, None, "kept", label=type(module).__name__, legacy=True)
         else:
             _install_routing(applied, found, attention_fn, api)  # type: ignore[arg-type]
+            if legacy:
+                _install_legacy(applied, legacy, attention_fn)  # type: ignore[arg-type]
     except BaseException:
         applied.restore()
         raise

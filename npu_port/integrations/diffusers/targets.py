@@ -4,8 +4,10 @@ A target is a diffusers model, a pipeline (every ``torch.nn.Module`` component: 
 text encoders — the last hold no diffusers attention and are passed over), or any ``torch.nn.Module`` that contains
 diffusers attention modules. "Attention module" means what diffusers itself routes through a processor:
 ``diffusers.models.attention_processor.Attention`` and subclasses of the newer ``AttentionModuleMixin``
-(``FluxAttention`` and friends). Anything else is refused with an error that says what is accepted, because a
-silently ignored target looks exactly like a working one.
+(``FluxAttention`` and friends) — and, beside them, the legacy attention a model may hold (a project's copy of
+diffusers 0.11's ``CrossAttention``, diffusers' ``AttentionBlock``), which has no processor and is routed by the
+legacy routes. Anything else is refused with an error that says what is accepted, because a silently ignored target
+looks exactly like a working one.
 """
 
 from __future__ import annotations
@@ -21,29 +23,21 @@ ACCEPTED = (
     "Attention modules"
 )
 NO_ATTENTION = (
-    "contains no diffusers attention module (diffusers.models.attention_processor.Attention or "
-    "AttentionModuleMixin), so there is no attention to apply a strategy to"
+    "contains no attention module npu-port can route: no diffusers attention module (diffusers.models."
+    "attention_processor.Attention or AttentionModuleMixin) and no legacy attention (a class with _attention(self, "
+    "query, key, value, attention_mask=None) using self.heads and self.scale, or diffusers' AttentionBlock), so there "
+    "is no attention to apply a strategy to"
 )
-#: Where a strategy cannot be applied to modules but the legacy routing can route them (said with the version).
-LEGACY_ROUTE = (
-    "npu_port.patch_legacy_attention(model) routes them through the process-wide strategy instead (what "
-    "enable_xformers_memory_efficient_attention() does under npu-port run)"
+#: Why the custom-processor strategy cannot take a target whose attention is all legacy.
+LEGACY_ONLY = (
+    "{name} has no diffusers attention module to install a custom processor on: its attention modules ({classes}) "
+    "are legacy attention, which has no processor; apply a kernel strategy to it instead (they are routed)"
 )
 
 
-def no_attention_message(target: Any, api: DiffusersClasses) -> str:
-    """Why ``target`` has nothing to apply a strategy to, with what npu-port does instead for an old diffusers."""
-    name = type(target).__name__
-    if not api.attention_module_classes:
-        why = f"diffusers {api.version} has no attention processors (they came in 0.12)"
-        return (
-            f"{why}, so a strategy cannot be applied to {name}'s modules; its CrossAttention and AttentionBlock "
-            f"modules are legacy attention: {LEGACY_ROUTE}"
-        )
-    blocks = api.AttentionBlock
-    if blocks is not None and any(isinstance(m, blocks) for _, c in components(target, api) for m in c.modules()):
-        return f"{name} {NO_ATTENTION}; its AttentionBlock modules (diffusers {api.version}) are legacy: {LEGACY_ROUTE}"
-    return f"{name} {NO_ATTENTION}"
+def no_attention_message(target: Any) -> str:
+    """Why ``target`` has nothing to apply a strategy to."""
+    return f"{type(target).__name__} {NO_ATTENTION}"
 
 
 def describe_type(obj: Any) -> str:
@@ -65,22 +59,37 @@ def components(target: Any, api: DiffusersClasses) -> List[Tuple[str, nn.Module]
 
 
 def attention_modules(target: Any, api: DiffusersClasses) -> List[Tuple[str, nn.Module]]:
-    """Every diffusers attention module in ``target`` as ``(qualified name, module)``, each module once.
-
-    Raises :class:`TypeError` for a target that is not a module or pipeline, and :class:`ValueError` when it holds
-    no diffusers attention module (or diffusers is older than 0.12 and has none at all: the message says so).
-    """
+    """Every diffusers attention module in ``target`` as ``(qualified name, module)``, each module once (none when
+    diffusers is older than 0.12: it has no attention processors). Raises :class:`TypeError` for a target that is
+    not a module or pipeline."""
     kinds = api.attention_module_classes
-    if not kinds:
-        components(target, api)  # a target of the wrong kind is a TypeError whatever the version
-        raise ValueError(no_attention_message(target, api))
     found: List[Tuple[str, nn.Module]] = []
     seen: Set[int] = set()
     for prefix, component in components(target, api):
+        if not kinds:
+            continue
         for name, module in component.named_modules():
             if isinstance(module, kinds) and id(module) not in seen:
                 seen.add(id(module))
                 found.append((".".join(part for part in (prefix, name) if part), module))
-    if not found:
-        raise ValueError(no_attention_message(target, api))
     return found
+
+
+def find_attention(
+    target: Any, api: DiffusersClasses
+) -> Tuple[List[Tuple[str, nn.Module]], List[Tuple[str, nn.Module]]]:
+    """``(diffusers attention modules, legacy attention modules)`` of ``target``, each as ``(qualified name,
+    module)``; legacy ones are those :func:`npu_port.integrations.legacy_attention.find_legacy_attention` finds (a
+    project's copy of diffusers 0.11's ``CrossAttention``, ControlVideo's ``FullyFrameAttention``, diffusers'
+    ``AttentionBlock`` up to 0.16).
+
+    Raises :class:`TypeError` for a target that is not a module or pipeline, and :class:`ValueError` when it holds
+    neither kind.
+    """
+    from ..legacy_attention.contract import find_legacy_attention
+
+    found = attention_modules(target, api)
+    legacy = find_legacy_attention(target)
+    if not found and not legacy:
+        raise ValueError(no_attention_message(target))
+    return found, legacy

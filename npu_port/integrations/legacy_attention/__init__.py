@@ -18,7 +18,8 @@ The parts, one module each:
 * :mod:`.routed`: the methods installed on a legacy class;
 * :mod:`.patch`: :func:`patch_legacy_attention` — routed ``_attention`` / ``_sliced_attention`` and an exact
   ``get_attention_scores`` on the class, xformers flags cleared, repo-local xformers setters made no-ops;
-  :class:`LegacyPatch` undoes it.
+  :class:`LegacyPatch` undoes it. :func:`route_target_legacy` is the same for ``set_attention_strategy(target=
+  model)``: the methods route only inside the target (:mod:`npu_port.integrations.legacy_scope`).
 * :mod:`.xformers_hook`: :func:`hook_enable_xformers` — diffusers' ``enable_xformers_memory_efficient_attention`` and
   friends install npu-port's strategy instead; :class:`XformersHook` undoes it.
 
@@ -30,8 +31,8 @@ processor-based ``CrossAttention`` takes the strategy like today's ``Attention``
 The routed methods unfold ``(batch*heads, seq, dim)`` to ``(batch, heads, seq, dim)`` with ``self.heads``, turn the
 legacy additive mask into the 4-D float mask SDPA takes (:func:`npu_port.masks.unfold_heads`), call
 ``npu_port.attention(..., scale=self.scale)`` — so the process-wide strategy (``set_attention_strategy("chunked")``,
-``auto``, the Ascend ops) picks the kernel — and hand the result to the module's own ``reshape_batch_dim_to_heads``,
-in the dtype the original returned.
+``auto``, the Ascend ops) picks the kernel — or, inside a model a strategy was applied to, that strategy, and hand
+the result to the module's own ``reshape_batch_dim_to_heads``, in the dtype the original returned.
 
 Numerics, masks and the calls left to the original: :mod:`npu_port.integrations.folded` (shared with the diffusers
 processors that compute attention through ``get_attention_scores``). A call outside the legacy forms goes to the
@@ -47,7 +48,7 @@ from .contract import (
     original_function,
     target_modules,
 )
-from .patch import LegacyPatch, active_patches, patch_legacy_attention
+from .patch import LegacyPatch, active_patches, patch_legacy_attention, route_target_legacy
 from .xformers_hook import (
     XformersHook,
     XformersRoute,
@@ -71,6 +72,7 @@ __all__ = [
     "is_routable_class",
     "original_function",
     "patch_legacy_attention",
+    "route_target_legacy",
     "target_modules",
     "unhook_enable_xformers",
     "xformers_route",

@@ -1,11 +1,17 @@
-"""Routing legacy attention classes, reversibly: :func:`patch_legacy_attention` and the :class:`LegacyPatch` that
-undoes it.
+"""Routing legacy attention classes, reversibly: :func:`patch_legacy_attention`, :func:`route_target_legacy` and
+the :class:`LegacyPatch` that undoes either.
 
-Methods are replaced on the *class* (the class of each module found, or the class given), so every instance — those
-in the target and those built later — takes the routed path. Patches are shared and counted: a class patched by two
-handles keeps its routed methods until both are restored, and a method goes back only if it is still ours (if
-someone replaced it since, theirs stays). Per instance, ``_use_memory_efficient_attention_xformers`` is cleared so
-``forward`` takes the ``_attention`` path instead of importing xformers; restore sets back the flags that were set.
+Methods are replaced on the *class* (the class of each module found, or the class given). Patches are shared and
+counted: a class patched by two handles keeps its routed methods until both are restored, and a method goes back only
+if it is still ours (if someone replaced it since, theirs stays). Per instance, ``_use_memory_efficient_attention_
+xformers`` is cleared so ``forward`` takes the ``_attention`` path instead of importing xformers; restore sets back
+the flags that were set.
+
+Where a routed method sends the call is decided at each call (:mod:`npu_port.integrations.legacy_scope`):
+:func:`patch_legacy_attention` routes its classes *process-wide* — every instance, those in the target and those
+built later, goes through ``npu_port.attention`` — while :func:`route_target_legacy` (what ``set_attention_strategy(
+target=model)`` uses) only makes the methods route where a targeted module's route is active: any other instance
+computes what its own code computes.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from ... import _patching
 from ..._patching import MISSING
 from ...weak import weak
 from ..attention_block import is_attention_block_class, routed_forward
+from ..legacy_scope import hold_process_wide, release_process_wide
 from .contract import (
     ATTENTION,
     SCORES,
@@ -49,7 +56,7 @@ def _replacements(cls: type) -> List[Tuple[str, Callable[..., Any]]]:
     """The routed methods for a legacy attention class: ``_attention`` always, its siblings when they are legacy;
     for diffusers' ``AttentionBlock``, ``forward``."""
     if is_attention_block_class(cls):
-        return [("forward", routed_forward(original_function(inspect.getattr_static(cls, "forward"))))]
+        return [("forward", routed_forward(original_function(inspect.getattr_static(cls, "forward")), cls))]
     builders = (
         (ATTENTION, routed_attention),
         (SLICED, routed_sliced_attention),
@@ -59,7 +66,7 @@ def _replacements(cls: type) -> List[Tuple[str, Callable[..., Any]]]:
     for method, build in builders:
         original = legacy_method(cls, method)
         if original is not None:
-            found.append((method[0], build(original)))
+            found.append((method[0], build(original, cls)))
     return found
 
 
@@ -71,12 +78,14 @@ class LegacyPatch:
     had xformers switched on. Also a context manager.
     """
 
-    def __init__(self, target: Any) -> None:
+    def __init__(self, target: Any, process_wide: bool = True) -> None:
         self._target = weak(target)  # never keeps the user's model alive (npu_port.weak)
+        self.process_wide = process_wide
         self.classes: List[str] = []
         self.setters: List[str] = []
         self.instances = 0
         self._held: Dict[Tuple[type, str], _patching.Patch] = {}
+        self._routed: List[type] = []  # the classes routed, each once
         self._flags: List[Tuple[Callable[[], Optional[nn.Module]], Any]] = []
         self.restored = False
 
@@ -101,10 +110,13 @@ class LegacyPatch:
             self._held[(cls, name)] = patch
 
     def _route_class(self, cls: type) -> None:
-        if (cls, ATTENTION[0]) in self._held or (cls, "forward") in self._held:
+        if cls in self._routed:
             return
         for name, replacement in _replacements(cls):
             self._install(cls, name, replacement)
+        self._routed.append(cls)
+        if self.process_wide:
+            hold_process_wide(cls)
         self.classes.append(cls.__qualname__)
 
     def _quiet_setter(self, cls: type) -> None:
@@ -132,6 +144,10 @@ class LegacyPatch:
                 setattr(module, _FLAG, value)
         self._flags.clear()
         with _patching.LOCK:
+            if self.process_wide:
+                for cls in self._routed:
+                    release_process_wide(cls)
+            self._routed.clear()
             for patch in reversed(list(self._held.values())):
                 _patching.release(patch)
             self._held.clear()
@@ -189,6 +205,24 @@ def patch_legacy_attention(target: Any) -> LegacyPatch:
             cls = type(module)
             if repo_xformers_setter(cls) is not None and any(type(m) in legacy_classes for m in module.modules()):
                 patch._quiet_setter(cls)
+    except BaseException:
+        patch.restore()
+        raise
+    return patch
+
+
+def route_target_legacy(target: Any, found: List[Tuple[str, nn.Module]]) -> LegacyPatch:
+    """Route the legacy attention modules ``found`` in ``target`` (``find_legacy_attention(target)``) for a strategy
+    applied to that target: their classes get the routed methods, which route only where a targeted module's route is
+    active (the caller installs the modules' route hooks) and run the original code everywhere else; the modules'
+    xformers flags are cleared. Repo-local xformers setters are left as they are: nothing outside the target changes.
+    Undo with ``.restore()``."""
+    patch = LegacyPatch(target, process_wide=False)
+    try:
+        for _, module in found:
+            patch._route_class(type(module))
+            patch._clear_flag(module)
+        patch.instances = len(found)
     except BaseException:
         patch.restore()
         raise

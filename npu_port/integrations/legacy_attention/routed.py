@@ -1,5 +1,8 @@
-"""The routed methods installed on a legacy attention class: the same contract, computed by ``npu_port.attention``
-(so the process-wide strategy picks the kernel), and an exact ``get_attention_scores``.
+"""The routed methods installed on a legacy attention class: the same contract, computed by the attention function
+:func:`npu_port.integrations.legacy_scope.attention_for` gives (a target's strategy while a targeted module runs, the
+process-wide strategy through ``npu_port.attention`` for a class routed process-wide), and an exact
+``get_attention_scores``. Where it gives none (an instance outside any target, of a class routed only for targets),
+the original method runs.
 
 Numerics, masks and the calls left to the original are :mod:`npu_port.integrations.folded`'s; a call outside the
 legacy forms goes to the original method, unchanged, with a debug log line.
@@ -16,6 +19,7 @@ from torch import Tensor
 
 from ...attn import masks
 from ..folded import UNFIT, attend
+from ..legacy_scope import attention_for
 
 logger = logging.getLogger("npu_port.legacy")
 
@@ -30,12 +34,15 @@ def _fall_back(module: Any, name: str) -> None:
     logger.debug("npu-port: %s.%s call left to the original (not a legacy form)", type(module).__name__, name)
 
 
-def routed_attention(original: Callable[..., Tensor]) -> Callable[..., Tensor]:
+def routed_attention(original: Callable[..., Tensor], owner: type) -> Callable[..., Tensor]:
     """``_attention(self, query, key, value, attention_mask=None)``: ``(batch, q_len, heads*dim)`` in the value's
-    dtype, as the original returns it."""
+    dtype, as the original returns it. ``owner``: the class it is installed on."""
 
     def _attention(self, query, key, value, attention_mask=None):
-        out = attend(self, query, key, value, attention_mask)
+        attention_fn = attention_for(owner)
+        if attention_fn is None:
+            return original(self, query, key, value, attention_mask)
+        out = attend(self, query, key, value, attention_mask, attention_fn)
         if out is UNFIT:
             _fall_back(self, "_attention")
             return original(self, query, key, value, attention_mask)
@@ -44,12 +51,15 @@ def routed_attention(original: Callable[..., Tensor]) -> Callable[..., Tensor]:
     return _mark(_attention, original)
 
 
-def routed_sliced_attention(original: Callable[..., Tensor]) -> Callable[..., Tensor]:
+def routed_sliced_attention(original: Callable[..., Tensor], owner: type) -> Callable[..., Tensor]:
     """``_sliced_attention(self, query, key, value, sequence_length, dim, attention_mask)``: the same result as the
     original's loop over ``self._slice_size`` rows of ``batch*heads`` (whose memory bound the strategy now gives),
     in the query's dtype — rows past the last whole slice stay zero, as they do there."""
 
     def _sliced_attention(self, query, key, value, sequence_length, dim, attention_mask):
+        attention_fn = attention_for(owner)
+        if attention_fn is None:
+            return original(self, query, key, value, sequence_length, dim, attention_mask)
         batch_heads = query.shape[0] if isinstance(query, Tensor) and query.dim() == 3 else 0
         slice_size = getattr(self, "_slice_size", None)
         slice_size = batch_heads if slice_size is None else slice_size
@@ -60,7 +70,7 @@ def routed_sliced_attention(original: Callable[..., Tensor]) -> Callable[..., Te
             and sequence_length == query.shape[1]
             and dim // self.heads == value.shape[-1]
         )
-        out = attend(self, query, key, value, attention_mask) if fits else UNFIT
+        out = attend(self, query, key, value, attention_mask, attention_fn) if fits else UNFIT
         if out is UNFIT:
             _fall_back(self, "_sliced_attention")
             return original(self, query, key, value, sequence_length, dim, attention_mask)
@@ -73,13 +83,16 @@ def routed_sliced_attention(original: Callable[..., Tensor]) -> Callable[..., Te
     return _mark(_sliced_attention, original)
 
 
-def exact_attention_scores(original: Callable[..., Tensor]) -> Callable[..., Tensor]:
+def exact_attention_scores(original: Callable[..., Tensor], owner: type) -> Callable[..., Tensor]:
     """``get_attention_scores(self, query, key, attention_mask=None)``: still the probabilities (its callers
     multiply them by the values themselves), computed as the original does, with two fixes: the mask is added in
     the scores' dtype (the original's ``baddbmm(mask, ...)`` fails for a half mask under ``upcast_attention``), and
-    a row whose keys are all masked gives zeros, not NaN."""
+    a row whose keys are all masked gives zeros, not NaN. Wherever the routed methods run the original (see
+    :func:`~npu_port.integrations.legacy_scope.attention_for`), so does this."""
 
     def get_attention_scores(self, query, key, attention_mask=None):
+        if attention_for(owner) is None:
+            return original(self, query, key, attention_mask)
         if attention_mask is not None and (
             not isinstance(attention_mask, Tensor) or not attention_mask.dtype.is_floating_point
         ):

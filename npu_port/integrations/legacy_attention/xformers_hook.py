@@ -6,8 +6,9 @@ CUDA-era scripts call ``pipe.enable_xformers_memory_efficient_attention()`` (or 
 ``Attention`` or in a project's copy of the setter — and where it works it pins one kernel. While the hook is on,
 these three methods of diffusers' ``DiffusionPipeline`` and ``ModelMixin`` do instead:
 
-* enable: apply a strategy to the object — ``set_attention_strategy(strategy, target=self)`` for its diffusers
-  attention modules, ``patch_legacy_attention`` for its legacy ones — where ``strategy`` is the hook's, else the
+* enable: apply a strategy to the object — ``set_attention_strategy(strategy, target=self)`` when it has diffusers
+  attention modules (which routes its legacy ones too), ``patch_legacy_attention`` for its legacy ones (their
+  classes routed process-wide, repo-local xformers setters quieted) — where ``strategy`` is the hook's, else the
   process-wide active one, else "auto"; ``attention_op`` is ignored; one log line says what was installed;
 * disable (or ``set_use...(False)``): restore what enable installed on that object (the very processor objects and
   functions); on an object enable never touched, diffusers' own code runs.
@@ -67,11 +68,7 @@ def _has_diffusers_attention(target: Any) -> bool:
     from ..diffusers import classes
     from ..diffusers.targets import attention_modules
 
-    try:
-        attention_modules(target, classes.load())
-    except ValueError:
-        return False
-    return True
+    return bool(attention_modules(target, classes.load()))
 
 
 def _active_strategy() -> Any:
@@ -85,9 +82,13 @@ def _describe(route: XformersRoute) -> str:
     if route.strategy is not None:
         parts.append(f"npu-port attention strategy {route.strategy.strategy.name!r}")
     if route.legacy is not None:
-        active = _active_strategy()
-        how = f"strategy {active.name!r}" if active is not None else "npu_port.attention's default kernel order"
-        parts.append(f"legacy attention {', '.join(route.legacy.classes)} routed (process-wide {how})")
+        if route.strategy is not None:  # the strategy applied to the object routes its legacy modules too
+            how = "by that strategy inside it; elsewhere by the process-wide one"
+        else:
+            active = _active_strategy()
+            how = f"strategy {active.name!r}" if active is not None else "npu_port.attention's default kernel order"
+            how = f"process-wide {how}"
+        parts.append(f"legacy attention {', '.join(route.legacy.classes)} routed ({how})")
     return " and ".join(parts) or "nothing (no diffusers or legacy attention module found)"
 
 
