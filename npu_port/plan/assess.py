@@ -62,6 +62,7 @@ class SignaturePlan:
     runnable: List[str]
     measured: bool = False
     sites: List[str] = field(default_factory=list)
+    components: List[str] = field(default_factory=list)
     every_kernel: Optional[Dict[str, List[Reason]]] = None
 
     def to_dict(self) -> Dict[str, Any]:
@@ -74,6 +75,7 @@ class SignaturePlan:
             bytes=dict(self.bytes),
             reasons={name: [r.as_dict() for r in found] for name, found in self.reasons.items()},
         )
+        data["components"] = list(self.components)
         if self.sites:
             data["sites"] = list(self.sites)
         if self.every_kernel is not None:
@@ -169,6 +171,7 @@ def _judge(entry: Recorded, router: StrategyRouter, target: Target, verbose: boo
         runnable=[kernel.name for kernel in runnable],
         measured=entry.signature.routed and router.strategy.select == "measure" and len(runnable) > 1,
         sites=list(entry.sites),
+        components=list(entry.components),
         every_kernel=every,
     )
 

@@ -27,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -56,6 +57,8 @@ MAX_SITES = 3
 #: The key of the SDPA patch in :mod:`npu_port._patching`.
 PATCH_KEY = "plan.sdpa"
 
+#: The pipeline components running now, innermost last (see :func:`_label_components`).
+_COMPONENT: contextvars.ContextVar[Tuple[str, ...]] = contextvars.ContextVar("npu_port_plan_component", default=())
 #: True while one of our kernels computes a routed call: its own calls to SDPA are not the model's.
 _IN_KERNEL: contextvars.ContextVar[bool] = contextvars.ContextVar("npu_port_plan_in_kernel", default=False)
 
@@ -69,6 +72,7 @@ class Recorded:
     count: int
     call: AttentionCall
     sites: List[str] = field(default_factory=list)
+    components: List[str] = field(default_factory=list)  # the pipeline components that made these calls
 
 
 class Recording:
@@ -106,6 +110,9 @@ class Recording:
             entry.count += 1
             if site is not None and site not in entry.sites and len(entry.sites) < MAX_SITES:
                 entry.sites.append(site)
+            running = _COMPONENT.get()
+            if running and running[-1] not in entry.components:
+                entry.components.append(running[-1])
         return signature
 
     def __repr__(self) -> str:
@@ -175,14 +182,19 @@ def _sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
 
 def _caller_site() -> Optional[str]:
     """``file:line`` of the code that called SDPA, past npu-port's own frames (a diffusers stand-in passing an
-    unrouted call on)."""
+    unrouted call on); a file in an installed package is shown from the package (``transformers/...``)."""
     frame = sys._getframe(2)
     own = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     while frame is not None and frame.f_code.co_filename.startswith(own):
         frame = frame.f_back
     if frame is None:
         return None
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    path = frame.f_code.co_filename
+    for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
+        if marker in path:
+            path = path.rsplit(marker, 1)[1]
+            break
+    return f"{path}:{frame.f_lineno}"
 
 
 def _recording_sdpa(original: Callable[..., Tensor], recording: Recording) -> Callable[..., Tensor]:
@@ -200,6 +212,38 @@ def _recording_sdpa(original: Callable[..., Tensor], recording: Recording) -> Ca
 
     scaled_dot_product_attention.__npu_port_original__ = original  # type: ignore[attr-defined]
     return scaled_dot_product_attention
+
+
+class _Enter:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, _module: Any, _args: Any) -> None:
+        _COMPONENT.set(_COMPONENT.get() + (self.name,))
+
+
+class _Leave(_Enter):
+    def __call__(self, _module: Any, _args: Any, _output: Any) -> None:  # type: ignore[override]
+        running = _COMPONENT.get()
+        if running and running[-1] == self.name:
+            _COMPONENT.set(running[:-1])
+
+
+def _label_components(target: Any) -> List[Any]:
+    """Forward hooks that name the pipeline component (``text_encoder``, ``transformer``, ``vae``...) each call comes
+    from, on every component of a pipeline and its direct children (a VAE runs through ``decode``, not ``forward``,
+    but its ``decoder`` child runs ``forward``). Returns the hook handles; nothing for a target that is no pipeline."""
+    components = getattr(target, "components", None)
+    if not isinstance(components, dict):
+        return []
+    handles: List[Any] = []
+    for name, component in components.items():
+        if not isinstance(component, torch.nn.Module):
+            continue
+        for module in (component, *component.children()):
+            handles.append(module.register_forward_pre_hook(_Enter(name)))
+            handles.append(module.register_forward_hook(_Leave(name), prepend=True, always_call=True))
+    return handles
 
 
 def recording_strategy(strategy: Any) -> Strategy:
@@ -225,6 +269,7 @@ def record_calls(run: Callable[[], Any], target_model: Any = None, strategy: Any
     recording_strategy(strategy)
     recording = Recording(strategy)
     handle = apply_router(RecordingRouter(recording), target_model)
+    hooks = _label_components(target_model)
     try:
         patch = _patching.replace(
             F, "scaled_dot_product_attention", _recording_sdpa(F.scaled_dot_product_attention, recording), key=PATCH_KEY
@@ -234,5 +279,7 @@ def record_calls(run: Callable[[], Any], target_model: Any = None, strategy: Any
         finally:
             _patching.release(patch)
     finally:
+        for hook in hooks:
+            hook.remove()
         handle.restore()
     return recording
