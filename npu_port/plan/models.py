@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 
 from ..attn.target import Target
 from ..errors import PlanError
-from ..infer.models import describe_model, load_pipeline, resolve_dtype
+from ..infer.models import TINY_MODELS, describe_model, load_pipeline, resolve_dtype
 from ..infer.run import GenerationRequest, call_arguments, check_request
 from .assess import Plan, assess
 from .record import Recording, record_calls, recording_strategy
@@ -33,15 +34,16 @@ def plan_dtype(dtype: str, target: Target) -> torch.dtype:
 
 
 def check_model(model: str, request: GenerationRequest) -> None:
-    """Refuse an unknown model or a size it cannot make, before anything is loaded (one line, the valid choices)."""
-    described = describe_model(model)
-    if described.limits is None:  # a hub id: a plan runs the model here, from local files
+    """Refuse an unknown model or a size it cannot make, before anything is loaded (one line, the valid choices).
+    A plan runs the model here, so it takes a built-in name or a local directory, not a hub id."""
+    if model not in TINY_MODELS and not os.path.isdir(os.path.expanduser(model)):
         raise PlanError(
             f"model {model!r} is neither a built-in model nor a local diffusers directory; a plan runs the model on "
-            "this machine, so give a directory (pipe.save_pretrained(DIR)) or one of: tiny, tiny-dit, tiny-flux, "
-            "tiny-wan"
+            f"this machine: give a directory (saved with pipe.save_pretrained(DIR)) or one of: {', '.join(TINY_MODELS)}"
         )
-    described.limits.check(request)
+    limits = describe_model(model).limits  # a directory without model_index.json is refused here
+    assert limits is not None  # only hub ids have none
+    limits.check(request)
 
 
 class _HalfOnCpuNote(logging.Filter):
