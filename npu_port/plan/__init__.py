@@ -24,8 +24,9 @@ The Python API (stable; the coverage tests and ``npu-port plan`` / ``npu-port ru
   pipeline runs. ``recording.calls``, ``recording.entries`` ([Recorded]: signature, count, a data-free call),
   ``recording.result`` (what ``run()`` returned).
 - :func:`assess` ``(recording, target, strategy=None, *, model=None, dtype=None, verbose=False) -> Plan``.
-- :func:`plan_model` (the tiny built-in pipelines or a local diffusers directory) is what ``npu-port plan --model``
-  runs.
+- :func:`plan_model` ``(model, target, strategy="npu", *, dtype="auto", steps=2, height=None, width=None,
+  frames=None, verbose=False) -> Plan``: a tiny built-in pipeline or a local diffusers directory, loaded here in the
+  target's dtype and run once — what ``npu-port plan --model`` runs.
 
 Limits: the calls are those of this run, at the sizes it used (a plan for 1024x1024 must run at 1024x1024); a model
 that takes other code paths on the device (``if device.type == "npu"``) is recorded on its CPU path; attention that
@@ -36,6 +37,7 @@ before the run (``from torch.nn.functional import scaled_dot_product_attention``
 from __future__ import annotations
 
 from .assess import Plan, SignaturePlan, assess
+from .models import plan_model
 from .record import Recorded, Recording, record_calls
 from .signature import MaskForm, Signature
 
@@ -47,5 +49,6 @@ __all__ = [
     "Signature",
     "SignaturePlan",
     "assess",
+    "plan_model",
     "record_calls",
 ]
