@@ -24,18 +24,6 @@ UNROUTED_FROM = {
 }
 
 
-@pytest.fixture(scope="module")
-def _module_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("npu-port-models")
-
-
-@pytest.fixture
-def model_cache(_module_cache, monkeypatch):
-    """One npu-port cache for the module, so each tiny model is built once."""
-    monkeypatch.setenv("NPU_PORT_CACHE_DIR", str(_module_cache))
-    return _module_cache
-
-
 def _plan_json(capsys, *arguments):
     with CountSdpa() as counted:
         code = main(["plan", "--json", *arguments])
