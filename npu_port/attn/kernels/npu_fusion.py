@@ -2,23 +2,34 @@
 
 Layout BNSD passes straight through (no transposes); grouped-query attention is native; dropout becomes
 ``keep_prob``; causal goes through the compressed mask and ``sparse_mode=2`` instead of being dropped, as diffusers'
-``_native_npu`` backend drops it. Docs: float16, bfloat16 and float32; head_dim 1..768 with Dk >= Dv; up to 256
-query heads; batch up to 2M; sequences up to 1M.
+``_native_npu`` backend drops it. A pure float mask becomes the op's bool mask (see :mod:`._ascend`); key padding
+stays a full ``(B, 1, Sq, Skv)`` mask here, since this op takes key lengths only in its TND (varlen) layout. Docs:
+float16, bfloat16 and float32; head_dim 1..768 with Dk >= Dv; up to 256 query heads; batch up to 2M; sequences up
+to 1M.
 """
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ...reasons import Reason
+from ...settings import check_masked_value
 from ..call import AttentionCall
 from ..registry import register_kernel
 from ..target import Target
 from . import _ascend
-from .base import Kernel, zero_fully_masked_rows
+from .base import FromStrategy, Kernel, Option, zero_fully_masked_rows
+
+#: The ``masked_value`` option, as both Ascend kernels declare it.
+MASKED_VALUE = Option(
+    None,
+    check_masked_value,
+    "an additive mask value that counts as masked, exactly (e.g. diffusers' -10000.0): float masks holding only 0 "
+    "and masked values become the op's bool mask",
+)
 
 
 @register_kernel
@@ -34,14 +45,28 @@ class NpuFusionKernel(Kernel):
     device_types = ("npu",)
     dtypes = (torch.float16, torch.bfloat16, torch.float32)
     max_head_dim = 768
-    supports_float_mask = False
+    supports_float_mask = False  # a bias: no; a pure float mask is converted (float_mask_reasons)
     supports_lse = True  # softmax_max + log(softmax_sum), without gradients (the op's statistics are detached)
+    OPTIONS = {"masked_value": MASKED_VALUE}
+    STRATEGY_OPTIONS = {"masked_value": FromStrategy("masked_value")}
 
     def device_reasons(self) -> List[Reason]:
         return _ascend.npu_device_reasons("npu_fusion_attention")
 
     def fused(self, call: AttentionCall, target: Target) -> bool:
         return True
+
+    def float_mask_reasons(self, call: AttentionCall) -> List[Reason]:
+        return _ascend.float_mask_reasons(
+            call, self.name, self._options["masked_value"], _ascend.FUSION_PSE_NOTE, grad=True
+        )
+
+    def reads_mask_values(self, device_type: str) -> bool:
+        return self.device_types is None or device_type in self.device_types
+
+    def plan_bytes(self, call: AttentionCall) -> int:
+        """The full bool mask built for the call (0 without a mask or for causal alone); no scores."""
+        return _ascend.mask_bytes(call, self._options["masked_value"], lengths=False)
 
     def target_reasons(self, target: Target) -> List[Reason]:
         return _ascend.chip_reasons(target.chip, "npu_fusion_attention")
@@ -78,12 +103,14 @@ class NpuFusionKernel(Kernel):
     def run_lse(self, call: AttentionCall) -> Tuple[Tensor, Tensor]:
         """lse = softmax_max + log(softmax_sum): the op's statistics are float32 ``(B, N, Sq, 8)``, one value
         repeated over the last axis (the max of the scaled masked scores, the sum of ``exp(score - max)``)."""
-        out, softmax_max, softmax_sum = self._outputs(call)
-        return out, softmax_max[..., 0] + torch.log(softmax_sum[..., 0])
+        out, softmax_max, softmax_sum, row_has_key = self._outputs(call)
+        return out, _ascend.no_key_lse(softmax_max[..., 0] + torch.log(softmax_sum[..., 0]), row_has_key)
 
-    def _outputs(self, call: AttentionCall) -> Tuple[Tensor, Tensor, Tensor]:
+    def _outputs(self, call: AttentionCall) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+        """The output (rows with no key zeroed), the op's softmax statistics, and the rows that have a key."""
         torch_npu = self.package_status().module
-        atten_mask, row_has_key, sparse_mode = _ascend.ascend_mask(call, per_head=True)
+        mask = _ascend.ascend_mask(call, per_head=True, masked_value=self._options["masked_value"])
+        atten_mask, row_has_key, sparse_mode = mask.atten_mask, mask.row_has_key, mask.sparse_mode
         outputs = torch_npu.npu_fusion_attention(
             call.query.contiguous(),
             call.key.contiguous(),
@@ -97,4 +124,4 @@ class NpuFusionKernel(Kernel):
             next_tockens=_ascend.NO_BAND_LIMIT,
             sparse_mode=sparse_mode,
         )
-        return zero_fully_masked_rows(outputs[0], row_has_key), outputs[1], outputs[2]
+        return zero_fully_masked_rows(outputs[0], row_has_key), outputs[1], outputs[2], row_has_key
