@@ -354,6 +354,37 @@ def test_a_plan_of_cpu_recorded_calls_agrees_with_the_run(name, mask, is_causal,
     assert _plan(name, given_mask, is_causal) == plan
 
 
+@pytest.mark.parametrize(
+    "name, mask",
+    [
+        (name, mask)
+        for name in ASCEND
+        for mask in (None, "padding", "shared-padding", "holes", "per-row", "per-head")
+        if (name, mask) != ("npu_fused_infer", "per-head")  # refused: its masks are (B|1, 1, Sq, Skv)
+    ],
+)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("q_len", [1, 6])
+def test_plan_bytes_are_the_bytes_of_the_mask_the_op_gets(name, mask, causal, q_len):
+    gen = torch.Generator().manual_seed(6)
+    keep = {
+        "padding": _padding_keep([8, 0], 8),
+        "shared-padding": _padding_keep([3], 8),
+        "holes": torch.rand(2, 1, 1, 8, generator=gen) > 0.5,
+        "per-row": torch.rand(2, 1, q_len, 8, generator=gen) > 0.5,
+        "per-head": torch.rand(1, 2, q_len, 8, generator=gen) > 0.5,
+    }.get(mask)
+    given_mask = None if keep is None else _additive(keep, -math.inf, torch.float16)
+    query, key, value = _qkv(batch=2, q_len=q_len, key_len=8)
+    planned = get_kernel(name).plan_bytes(AttentionCall.from_arguments(query, key, value, given_mask, is_causal=causal))
+    out, passed = _run(name, query, key, value, given_mask, is_causal=causal)
+    atten_mask = passed["atten_mask"]
+    built = 0 if atten_mask is None or atten_mask.shape == (2048, 2048) else atten_mask.numel()
+    assert planned == built
+    reference = reference_attention(query, key, value, keep=keep, is_causal=causal)
+    assert_close_to_reference(out, reference, torch.float16)
+
+
 def test_a_plan_refuses_a_bias_as_the_run_does():
     bias = torch.full((2, 1, 6, 8), 0.5, dtype=torch.float16)
     (reason,) = _plan("npu_fused_infer", bias)[0]

@@ -17,7 +17,7 @@ Sources: torch_npu 2.13.0 ``_op_plugin_docs.py`` (extracted in the project's ref
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import ClassVar, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -25,9 +25,11 @@ from torch import Tensor
 from ...device.chips import Chip, current_chip
 from ...errors import KernelRuntimeError
 from ...reasons import Reason
+from ...settings import check_masked_value
 from ..call import AttentionCall
 from ..masks import causal_keep, describe_masked, float_mask_facts, key_padding_lengths, mask_keep, memoized
-from .base import unmask_empty_rows
+from ..target import Target
+from .base import FromStrategy, Kernel, Option, unmask_empty_rows
 
 PACKAGE = "torch_npu"
 #: Side of the compressed causal mask that sparse modes 2, 3 and 4 require.
@@ -255,3 +257,49 @@ def limit_reasons(
     if longest > max_seq:
         found.append(Reason("shape", f"sequence length {longest} > {max_seq} ({op} limit)"))
     return found
+
+
+class AscendKernel(Kernel):
+    """What the two Ascend kernels share: the package, the device and chip checks, and everything about masks (the
+    ``masked_value`` option, which float masks they take, the form each mask reaches the op in, its bytes). A
+    subclass names its ``op``, says whether that op takes per-head masks and key lengths, and why its bias input
+    is not used (``pse_note``)."""
+
+    package = PACKAGE
+    supports_float_mask = False  # a bias: no; a pure float mask is converted (float_mask_reasons)
+    OPTIONS = {
+        "masked_value": Option(
+            None,
+            check_masked_value,
+            "an additive mask value that counts as masked, exactly (e.g. diffusers' -10000.0): float masks holding "
+            "only 0 and masked values become the op's bool mask",
+        )
+    }
+    STRATEGY_OPTIONS = {"masked_value": FromStrategy("masked_value")}
+    op: ClassVar[str] = ""
+    pse_note: ClassVar[str] = ""
+    per_head_masks: ClassVar[bool] = False
+    key_lengths: ClassVar[bool] = False
+
+    def device_reasons(self) -> List[Reason]:
+        return npu_device_reasons(self.op)
+
+    def target_reasons(self, target: Target) -> List[Reason]:
+        return chip_reasons(target.chip, self.op)
+
+    def fused(self, call: AttentionCall, target: Target) -> bool:
+        return True
+
+    def float_mask_reasons(self, call: AttentionCall) -> List[Reason]:
+        return float_mask_reasons(call, self.name, self._options["masked_value"], self.pse_note, self.supports_grad)
+
+    def reads_mask_values(self, device_type: str) -> bool:
+        return self.device_types is None or device_type in self.device_types
+
+    def plan_bytes(self, call: AttentionCall) -> int:
+        """The bool mask built for the call: 0 without a mask, for causal alone and for key lengths; no scores."""
+        return mask_bytes(call, self._options["masked_value"], self.key_lengths)
+
+    def op_mask(self, call: AttentionCall) -> AscendMask:
+        """What the op gets for ``call``'s mask (see :func:`ascend_mask`)."""
+        return ascend_mask(call, self.per_head_masks, self._options["masked_value"], self.key_lengths)

@@ -19,14 +19,12 @@ from torch import Tensor
 from ...reasons import Reason
 from ..call import AttentionCall
 from ..registry import register_kernel
-from ..target import Target
 from . import _ascend
-from .base import FromStrategy, Kernel, zero_fully_masked_rows
-from .npu_fusion import MASKED_VALUE
+from .base import zero_fully_masked_rows
 
 
 @register_kernel
-class NpuFusedInferKernel(Kernel):
+class NpuFusedInferKernel(_ascend.AscendKernel):
     """torch_npu.npu_fused_infer_attention_score (inference only) with SDPA semantics."""
 
     name = "npu_fused_infer"
@@ -34,40 +32,19 @@ class NpuFusedInferKernel(Kernel):
     priority = 70
     default_selection = True
     listing_order = 50
-    package = _ascend.PACKAGE
     device_types = ("npu",)
     dtypes = (torch.float16, torch.bfloat16)
     max_head_dim = 512
     supports_dropout = False
     supports_grad = False
-    supports_float_mask = False  # a bias: no; a pure float mask is converted (float_mask_reasons)
     supports_lse = True  # softmax_lse_flag=True
-    OPTIONS = {"masked_value": MASKED_VALUE}
-    STRATEGY_OPTIONS = {"masked_value": FromStrategy("masked_value")}
-
-    def device_reasons(self) -> List[Reason]:
-        return _ascend.npu_device_reasons("npu_fused_infer_attention_score")
-
-    def fused(self, call: AttentionCall, target: Target) -> bool:
-        return True
-
-    def float_mask_reasons(self, call: AttentionCall) -> List[Reason]:
-        return _ascend.float_mask_reasons(
-            call, self.name, self._options["masked_value"], _ascend.FIA_PSE_NOTE, grad=False
-        )
-
-    def reads_mask_values(self, device_type: str) -> bool:
-        return self.device_types is None or device_type in self.device_types
-
-    def plan_bytes(self, call: AttentionCall) -> int:
-        """The bool mask built for the call: 0 without a mask, for causal alone and for key padding (lengths)."""
-        return _ascend.mask_bytes(call, self._options["masked_value"], lengths=True)
-
-    def target_reasons(self, target: Target) -> List[Reason]:
-        return _ascend.chip_reasons(target.chip, "npu_fused_infer_attention_score")
+    op = "npu_fused_infer_attention_score"
+    pse_note = _ascend.FIA_PSE_NOTE
+    per_head_masks = False  # (B|1, 1, Sq, Skv) masks only
+    key_lengths = True  # actual_seq_lengths_kv
 
     def call_reasons(self, call: AttentionCall) -> List[Reason]:
-        op = "npu_fused_infer_attention_score"
+        op = self.op
         incremental = call.q_len == 1
         found = _ascend.limit_reasons(
             call,
@@ -111,7 +88,7 @@ class NpuFusedInferKernel(Kernel):
 
     def _run(self, call: AttentionCall, lse_flag: bool) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
         torch_npu = self.package_status().module
-        mask = _ascend.ascend_mask(call, per_head=False, masked_value=self._options["masked_value"], lengths=True)
+        mask = self.op_mask(call)
         row_has_key, sparse_mode = mask.row_has_key, mask.sparse_mode
         out, lse = torch_npu.npu_fused_infer_attention_score(
             call.query.contiguous(),

@@ -16,24 +16,14 @@ import torch
 from torch import Tensor
 
 from ...reasons import Reason
-from ...settings import check_masked_value
 from ..call import AttentionCall
 from ..registry import register_kernel
-from ..target import Target
 from . import _ascend
-from .base import FromStrategy, Kernel, Option, zero_fully_masked_rows
-
-#: The ``masked_value`` option, as both Ascend kernels declare it.
-MASKED_VALUE = Option(
-    None,
-    check_masked_value,
-    "an additive mask value that counts as masked, exactly (e.g. diffusers' -10000.0): float masks holding only 0 "
-    "and masked values become the op's bool mask",
-)
+from .base import zero_fully_masked_rows
 
 
 @register_kernel
-class NpuFusionKernel(Kernel):
+class NpuFusionKernel(_ascend.AscendKernel):
     """torch_npu.npu_fusion_attention (training + inference) with SDPA semantics."""
 
     name = "npu_fusion"
@@ -41,35 +31,14 @@ class NpuFusionKernel(Kernel):
     priority = 60
     default_selection = True
     listing_order = 40
-    package = _ascend.PACKAGE
     device_types = ("npu",)
     dtypes = (torch.float16, torch.bfloat16, torch.float32)
     max_head_dim = 768
-    supports_float_mask = False  # a bias: no; a pure float mask is converted (float_mask_reasons)
     supports_lse = True  # softmax_max + log(softmax_sum), without gradients (the op's statistics are detached)
-    OPTIONS = {"masked_value": MASKED_VALUE}
-    STRATEGY_OPTIONS = {"masked_value": FromStrategy("masked_value")}
-
-    def device_reasons(self) -> List[Reason]:
-        return _ascend.npu_device_reasons("npu_fusion_attention")
-
-    def fused(self, call: AttentionCall, target: Target) -> bool:
-        return True
-
-    def float_mask_reasons(self, call: AttentionCall) -> List[Reason]:
-        return _ascend.float_mask_reasons(
-            call, self.name, self._options["masked_value"], _ascend.FUSION_PSE_NOTE, grad=True
-        )
-
-    def reads_mask_values(self, device_type: str) -> bool:
-        return self.device_types is None or device_type in self.device_types
-
-    def plan_bytes(self, call: AttentionCall) -> int:
-        """The full bool mask built for the call (0 without a mask or for causal alone); no scores."""
-        return _ascend.mask_bytes(call, self._options["masked_value"], lengths=False)
-
-    def target_reasons(self, target: Target) -> List[Reason]:
-        return _ascend.chip_reasons(target.chip, "npu_fusion_attention")
+    op = "npu_fusion_attention"
+    pse_note = _ascend.FUSION_PSE_NOTE
+    per_head_masks = True  # BNSS masks
+    key_lengths = False  # only in the TND (varlen) layout
 
     def call_reasons(self, call: AttentionCall) -> List[Reason]:
         found = _ascend.limit_reasons(
@@ -109,7 +78,7 @@ class NpuFusionKernel(Kernel):
     def _outputs(self, call: AttentionCall) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
         """The output (rows with no key zeroed), the op's softmax statistics, and the rows that have a key."""
         torch_npu = self.package_status().module
-        mask = _ascend.ascend_mask(call, per_head=True, masked_value=self._options["masked_value"])
+        mask = self.op_mask(call)
         atten_mask, row_has_key, sparse_mode = mask.atten_mask, mask.row_has_key, mask.sparse_mode
         outputs = torch_npu.npu_fusion_attention(
             call.query.contiguous(),
