@@ -150,7 +150,7 @@ print("script output")
 q = torch.randn(1, 2, 32, 64, dtype=torch.float16).cuda()
 for _ in range(int(sys.argv[1])):
     npu_port.attention(q, q, q)
-F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(32, 32, dtype=torch.bool))
+F.scaled_dot_product_attention(q, q, q, attn_mask=torch.randn(32, 32, dtype=torch.float16))  # a bias: never fused
 """
 
 
@@ -171,7 +171,7 @@ def test_run_plan_records_a_script_and_keeps_json_on_stdout(tmp_path, capsys):
     routed, unrouted = data["signatures"]
     assert (routed["count"], routed["routed"], routed["kernel"], routed["fused"]) == (3, True, "npu_fused_infer", True)
     assert (unrouted["count"], unrouted["routed"], unrouted["kernel"]) == (1, False, "sdpa")
-    assert unrouted["mask"]["kind"] == "bool" and unrouted["sites"] == [f"{script}:10"]
+    assert (unrouted["mask"]["values"], unrouted["fused"], unrouted["sites"]) == ("bias", False, [f"{script}:10"])
 
 
 def test_run_plan_as_text_and_the_script_failure_wins(tmp_path, capsys):
