@@ -133,6 +133,22 @@ def test_bad_input_is_one_line_before_anything_is_loaded(arguments, message, mon
     assert captured.err == f"npu-port: {message}\n" and captured.out == ""
 
 
+def test_a_missing_diffusers_is_one_line_with_the_install_command(monkeypatch, capsys):
+    from npu_port import _optional
+
+    monkeypatch.setitem(sys.modules, "diffusers", None)  # a None entry blocks the import
+    monkeypatch.setattr(_optional, "extra_hint", lambda extra: f"pip install the {extra} extra")
+    _optional.forget("diffusers")
+    try:
+        assert main(["plan", "--model", "tiny"]) == 2
+    finally:
+        _optional.forget("diffusers")
+    assert capsys.readouterr().err == (
+        "npu-port: a plan of a pipeline runs it here with diffusers, and diffusers is not installed; install it with "
+        "pip install the diffusers extra (a script is planned with npu-port run --plan)\n"
+    )
+
+
 def test_an_unknown_strategy_names_the_valid_ones(capsys):
     assert main(["plan", "--model", "tiny", "--strategy", "nope"]) == 2
     assert capsys.readouterr().err.startswith(
