@@ -161,7 +161,9 @@ def test_the_text_report_says_what_runs_where_and_why_not(monkeypatch):
     assert why[4].startswith("      npu_fusion [head-dim] head_dim 1024 > 768")
     assert why[5].startswith(f"  #3 sdpa, not fused; not routed: a direct F.scaled_dot_product_attention ({__file__}:")
     assert why[5].endswith(
-        "that no npu-port integration routes, so on npu the device's own SDPA runs it (judged as the sdpa kernel)"
+        "that no npu-port integration routes, so on npu the device's own SDPA runs it (judged as the sdpa kernel); "
+        "torch_npu sends SDPA to FlashAttentionScore only with a bool mask or none, heads <= 2048, head dim <= 512, "
+        "query heads a multiple of key heads, on 910B or newer; otherwise it computes the whole score matrix"
     )
     assert "1 call(s) would fail on npu (910B) with strategy npu: no candidate can run them (see why above)" in lines
     assert lines[-1] == "fused: 2/4 attention calls (50%) on npu (910B) with strategy npu"
