@@ -112,7 +112,7 @@ def show_plan(plan: Any, args: argparse.Namespace, output: Optional[str] = None)
 
 def run(args: argparse.Namespace) -> int:
     from ..infer.run import GenerationRequest
-    from ..plan.models import check_model, plan_dtype, record_model
+    from ..plan.models import check_diffusers, check_model, plan_dtype, record_model
     from ..plan.record import recording_strategy
 
     target = plan_target(args.device, args.chip)
@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     request = GenerationRequest(steps=args.steps, height=args.height, width=args.width, frames=args.frames)
     check_model(args.model, request)
     check_output(args.output)
+    check_diffusers()  # last: importing diffusers takes seconds
 
     def building(message: str) -> None:
         print(f"npu-port: {message}", file=sys.stderr)

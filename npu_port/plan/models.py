@@ -46,6 +46,19 @@ def check_model(model: str, request: GenerationRequest) -> None:
     limits.check(request)
 
 
+def check_diffusers() -> None:
+    """A pipeline plan runs diffusers here: say how to install it when it is missing (not a traceback later)."""
+    from .._optional import extra_hint, probe
+
+    status = probe("diffusers")
+    if not status.ok:
+        what = str(status.reason).split("; ")[0]  # without the probe's generic hint: the extra's is better
+        raise PlanError(
+            f"a plan of a pipeline runs it here with diffusers, and {what}; install it with "
+            f"{extra_hint('diffusers')} (a script is planned with npu-port run --plan)"
+        )
+
+
 class _HalfOnCpuNote(logging.Filter):
     """diffusers warns that a float16 pipeline "will fail" on a CPU; the plan runs it there on purpose (the target's
     dtype), and the small models run fine."""
@@ -76,6 +89,7 @@ def record_model(
     pipeline, as ``npu-port infer`` applies it)."""
     recording_strategy(strategy)
     check_model(model, request)
+    check_diffusers()
     with _quiet_half_on_cpu():
         loaded = load_pipeline(model, torch.device("cpu"), dtype, progress_bar=False, on_build=on_build)
         check_request(loaded, request)

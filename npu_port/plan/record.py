@@ -34,7 +34,6 @@ from torch import Tensor
 from .. import _patching
 from ..attn.call import AttentionCall
 from ..attn.kernels.base import Kernel
-from ..attn.masks import CanonicalMask
 from ..attn.target import Target
 from ..errors import NpuPortError, PlanError
 from ..reasons import Reason
@@ -126,8 +125,13 @@ def _without_data(call: AttentionCall, grad: bool) -> AttentionCall:
     tensors = (stand_in.query, stand_in.key, stand_in.value)
     query, key, value = tensors if grad else (t.detach() for t in tensors)
     mask = call.mask
-    if mask is not None:
-        mask = CanonicalMask(mask.keep.detach().clone(), None if mask.bias is None else mask.bias.detach().clone())
+    if mask is not None:  # every tensor of the canonical mask copied, whatever fields it has
+        copies = {
+            f.name: getattr(mask, f.name).detach().clone()
+            for f in dataclasses.fields(mask)
+            if isinstance(getattr(mask, f.name), Tensor)
+        }
+        mask = dataclasses.replace(mask, **copies)
     return dataclasses.replace(stand_in, query=query, key=key, value=value, mask=mask)
 
 

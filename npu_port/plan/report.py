@@ -68,6 +68,13 @@ def table(rows: List[List[str]]) -> List[str]:
     ]
 
 
+#: op-plugin's rule for torch_npu's SDPA (torch_npu 2.13 op docs; the sdpa kernel's ``fused`` follows it).
+SDPA_ON_NPU = (
+    "torch_npu sends SDPA to FlashAttentionScore only with a bool mask or none, heads <= 2048, head dim <= 512, query "
+    "heads a multiple of key heads, on 910B or newer; otherwise it computes the whole score matrix"
+)
+
+
 def _status(item: SignaturePlan, plan: Plan) -> str:
     """What happens to the signature's calls on the target, in a few words."""
     if item.kernel is None:
@@ -89,6 +96,8 @@ def _reason_lines(index: int, item: SignaturePlan, plan: Plan, verbose: bool) ->
             f"; not routed: a direct F.scaled_dot_product_attention ({where}) that no npu-port integration routes, "
             f"so on {plan.target.device_type} the device's own SDPA runs it (judged as the sdpa kernel)"
         )
+    if item.kernel == "sdpa" and not item.fused and plan.target.device_type == "npu":
+        head += f"; {SDPA_ON_NPU}"
     lines = [head]
     shown = item.every_kernel if verbose and item.every_kernel is not None else item.reasons
     for name, reasons in shown.items():

@@ -8,7 +8,6 @@ result against the math kernel on the original dtype like any other candidate.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import List, Optional, Tuple
 
@@ -72,14 +71,11 @@ class CastKernel(Kernel):
     def score_bytes(self, call: AttentionCall) -> int:
         return self.inner.score_bytes(stand_in_call(call, self.dtype))
 
+    def plan_bytes(self, call: AttentionCall) -> int:
+        return self.inner.plan_bytes(stand_in_call(call, self.dtype))
+
     def fused(self, call: AttentionCall, target: Target) -> bool:
         return self.inner.fused(stand_in_call(call, self.dtype), target)
-
-    def plan_bytes(self, call: AttentionCall) -> int:
-        """The inner kernel's bytes on the cast call, plus the cast copies of query, key, value and output."""
-        size = torch.empty((), dtype=self.dtype).element_size()
-        copies = call.query.numel() + call.key.numel() + call.value.numel() + math.prod(call.output_shape)
-        return self.inner.plan_bytes(stand_in_call(call, self.dtype)) + copies * size
 
     def reads_mask_values(self, device_type: str) -> bool:
         return self.inner.reads_mask_values(device_type)

@@ -133,6 +133,22 @@ def test_bad_input_is_one_line_before_anything_is_loaded(arguments, message, mon
     assert captured.err == f"npu-port: {message}\n" and captured.out == ""
 
 
+def test_a_missing_diffusers_is_one_line_with_the_install_command(monkeypatch, capsys):
+    from npu_port import _optional
+
+    monkeypatch.setitem(sys.modules, "diffusers", None)  # a None entry blocks the import
+    monkeypatch.setattr(_optional, "extra_hint", lambda extra: f"pip install the {extra} extra")
+    _optional.forget("diffusers")
+    try:
+        assert main(["plan", "--model", "tiny"]) == 2
+    finally:
+        _optional.forget("diffusers")
+    assert capsys.readouterr().err == (
+        "npu-port: a plan of a pipeline runs it here with diffusers, and diffusers is not installed; install it with "
+        "pip install the diffusers extra (a script is planned with npu-port run --plan)\n"
+    )
+
+
 def test_an_unknown_strategy_names_the_valid_ones(capsys):
     assert main(["plan", "--model", "tiny", "--strategy", "nope"]) == 2
     assert capsys.readouterr().err.startswith(
@@ -150,7 +166,7 @@ print("script output")
 q = torch.randn(1, 2, 32, 64, dtype=torch.float16).cuda()
 for _ in range(int(sys.argv[1])):
     npu_port.attention(q, q, q)
-F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(32, 32, dtype=torch.bool))
+F.scaled_dot_product_attention(q, q, q, attn_mask=torch.randn(32, 32, dtype=torch.float16))  # a bias: never fused
 """
 
 
@@ -171,7 +187,7 @@ def test_run_plan_records_a_script_and_keeps_json_on_stdout(tmp_path, capsys):
     routed, unrouted = data["signatures"]
     assert (routed["count"], routed["routed"], routed["kernel"], routed["fused"]) == (3, True, "npu_fused_infer", True)
     assert (unrouted["count"], unrouted["routed"], unrouted["kernel"]) == (1, False, "sdpa")
-    assert unrouted["mask"]["kind"] == "bool" and unrouted["sites"] == [f"{script}:10"]
+    assert (unrouted["mask"]["values"], unrouted["fused"], unrouted["sites"]) == ("bias", False, [f"{script}:10"])
 
 
 def test_run_plan_as_text_and_the_script_failure_wins(tmp_path, capsys):

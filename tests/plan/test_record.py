@@ -186,3 +186,15 @@ def test_grouping_counts_equal_the_calls_made(plan):
         found[(shape, s.causal, s.mask is not None, s.routed)] += entry.count
     assert found == Counter(plan)
     assert all(math.isclose(e.signature.scale, e.signature.query[-1] ** -0.5) for e in recording.entries)
+
+
+def test_a_recording_keeps_no_activations_and_its_own_copy_of_the_mask():
+    q, k, v = _qkv(q_len=64, key_len=64)
+    mask = torch.zeros(64, 64)
+    mask[:, -4:] = float("-inf")
+    recording = record_calls(lambda: npu_port.attention(q, k, v, mask))
+    mask.fill_(1.0)  # the model reuses its buffer for the next batch
+    kept = recording.entries[0].call
+    assert kept.query.shape == q.shape and kept.query.stride() == (0, 0, 0, 0)  # no data behind it
+    assert kept.key.stride() == kept.value.stride() == (0, 0, 0, 0)
+    assert torch.isneginf(kept.mask.bias[..., -4:]).all() and (kept.mask.bias[..., :-4] == 0).all()
