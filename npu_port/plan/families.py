@@ -3,7 +3,7 @@
 A coverage number is only worth what the calls behind it are worth, so each family here is built to give its
 kernels what the real model gives them — not what is easiest to run:
 
-* the real **head dim** (and so the op limits it meets): 40/80/160 for SD1.5's UNet, 64 for SDXL, SD3, CogVideoX
+* the real **head dim** (and so the op limits it meets): 40 and 80 for SD1.5's UNet, 64 for SDXL, SD3, CogVideoX
   and LTX, 72 for PixArt and DiT (not 16-aligned: ``npu_fused_infer`` refuses it, ``npu_fusion`` takes it), 128 for
   Flux, Wan and HunyuanVideo, 512 for the VAE's single mid-block head; only the number of heads and layers is cut;
 * the real **mask forms**, as each pipeline passes them (each builder's docstring says which pipeline behaviour it
@@ -22,7 +22,7 @@ The whole set runs in seconds on a CPU. Outputs are noise: these models exist fo
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Sequence
+from typing import Any, Callable, Dict, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -70,8 +70,9 @@ def _timesteps(batch: int) -> torch.Tensor:
 
 
 def sd15(seed: int = 0) -> nn.Module:
-    """``UNet2DConditionModel`` with SD1.5's layout cut to three levels of 2 heads: head dims 40, 80 and 160 (the
-    mid block), as SD1.5's 8 heads at 320/640/1280 channels give; CLIP text of 77 x 768.
+    """``UNet2DConditionModel`` with SD1.5's layout cut to two levels of 2 heads: head dims 40 and 80 (also the mid
+    block's), as SD1.5's 8 heads at 320 and 640 channels give (its 160 at 1280 meets the same op limits as 80: 16-
+    aligned, under 512); CLIP text of 77 x 768.
 
     Reproduces a pipeline that passes the text's attention mask to the UNet (AudioLDM 2, Kandinsky and other
     UNet pipelines do; ``StableDiffusionPipeline`` passes none): ``encoder_attention_mask`` ``(B, 77)``, which the
@@ -82,9 +83,9 @@ def sd15(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     model = UNet2DConditionModel(
         sample_size=16,
-        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-        block_out_channels=(80, 160, 320),
+        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+        block_out_channels=(80, 160),
         layers_per_block=1,
         norm_num_groups=16,
         cross_attention_dim=768,
@@ -525,3 +526,62 @@ def run(family: str, model: nn.Module, seed: int = 0) -> torch.Tensor:
     arguments = inputs(family, model, seed)
     with torch.no_grad():
         return output_of(model(**arguments))
+
+
+# ---- the coverage table ------------------------------------------------------------------------------------------
+
+#: The masking value diffusers' text masks hold: ``(1 - mask) * -10000.0`` (README_NPU, "Masks on the fused path").
+DIFFUSERS_MASKED_VALUE = -10000.0
+#: What the coverage table judges each family's calls for: label -> (chip, options of the ``npu`` strategy). The
+#: second is what a diffusers user declares for pipelines that pass text masks; the third a chip with no fused op.
+ASSESSMENTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
+    "910B": ("910B", {}),
+    "910B masked_value=-10000": ("910B", {"masked_value": DIFFUSERS_MASKED_VALUE}),
+    "910A": ("910A", {}),
+}
+
+
+def _unfused(plan: Any) -> Dict[str, Any]:
+    """A signature that would not run fused: its calls, shapes, mask and every candidate's reasons."""
+    signature = plan.signature
+    return {
+        "count": plan.count,
+        "query": list(signature.query),
+        "key": list(signature.key),
+        "mask": signature.mask.describe() if signature.mask is not None else None,
+        "routed": signature.routed,
+        "kernel": plan.kernel,
+        "reasons": {kernel: [r.as_dict() for r in found] for kernel, found in plan.reasons.items()},
+    }
+
+
+def coverage(family: str, seed: int = 0) -> Dict[str, Any]:
+    """One row of the coverage table: ``family``'s tiny model run once here under a recording of the ``npu``
+    strategy applied to it (``set_attention_strategy("npu", target=model)``'s routing), then judged per
+    :data:`ASSESSMENTS`. ``calls`` / ``routed``: what was recorded; per assessment, ``fused`` and the signatures that
+    would not be, with their reasons. ``dtypes``, ``head_dims``, ``masks``: what its calls carried."""
+    from ..attn.target import Target
+    from ..strategy.registry import resolve
+    from . import assess, record_calls
+
+    model = build(family, seed)
+    recording = record_calls(lambda: run(family, model, seed), target_model=model, strategy="npu")
+    masks = sorted({entry.signature.mask.describe() for entry in recording.entries if entry.signature.mask})
+    row: Dict[str, Any] = {
+        "family": family,
+        "model": type(model).__name__,
+        "calls": recording.calls,
+        "routed": recording.routed,
+        "dtypes": sorted({entry.signature.dtype for entry in recording.entries}),
+        "head_dims": sorted({entry.signature.query[-1] for entry in recording.entries}),
+        "masks": masks,
+        "assessments": {},
+    }
+    for label, (chip, options) in ASSESSMENTS.items():
+        strategy = resolve("npu").with_overrides(**options) if options else "npu"
+        plan = assess(recording, Target.of("npu", chip), strategy)
+        row["assessments"][label] = {
+            "fused": plan.fused,
+            "unfused": [_unfused(signature) for signature in plan.signatures if not signature.fused],
+        }
+    return row

@@ -329,17 +329,10 @@ def test_cross_attention_kwargs_are_refused_as_the_originals_refuse_them():
     assert str(info.value) == f"{name}.__call__() got an unexpected argument: 'scale'"
 
 
-# ---- strategies on targets whose attention is legacy ----------------------------------------------------------------
-
-
-@pytest.mark.diffusers_below("0.17")
-def test_a_strategy_on_a_pipeline_routes_its_legacy_attention_inside_it_only():
-    """0.11's ``CrossAttention`` and ``AttentionBlock`` (0.11-0.16) have no processor: a strategy applied to the
-    pipeline routes them through its kernels all the same, while the same classes outside the pipeline run their own
-    code (not even the process-wide strategy)."""
-    api = classes.load()
+def reference_run():
+    """The tiny pipeline's outputs in float64 with diffusers' own attention, and the attention modules that ran (one
+    per call), in order."""
     kinds = attention_kinds()
-    legacy_kinds = tuple(cls for cls in (api.LegacyCrossAttention, api.AttentionBlock) if cls is not None)
     reference = tiny_pipeline()
     reference.unet.double()
     reference.vae.double()
@@ -349,6 +342,20 @@ def test_a_strategy_on_a_pipeline_routes_its_legacy_attention_inside_it_only():
     expected = run_pipeline(reference, dtype=torch.float64)
     for handle in handles:
         handle.remove()
+    return expected, ran
+
+
+# ---- strategies on targets whose attention is legacy ----------------------------------------------------------------
+
+
+@pytest.mark.diffusers_below("0.17")
+def test_a_strategy_on_a_pipeline_routes_its_legacy_attention_inside_it_only():
+    """0.11's ``CrossAttention`` and ``AttentionBlock`` (0.11-0.16) have no processor: a strategy applied to the
+    pipeline routes them through its kernels all the same, while the same classes outside the pipeline run their own
+    code (not even the process-wide strategy)."""
+    api = classes.load()
+    legacy_kinds = tuple(cls for cls in (api.LegacyCrossAttention, api.AttentionBlock) if cls is not None)
+    expected, ran = reference_run()
 
     pipe, outside = tiny_pipeline(), tiny_pipeline(seed=3)
     legacy = [m for c in (pipe.unet, pipe.vae) for m in c.modules() if isinstance(m, legacy_kinds)]
@@ -385,16 +392,7 @@ def _processors(pipe):
 
 def test_enable_xformers_routes_every_attention_of_the_installed_diffusers_and_disable_undoes_it(xformers_hook):
     api = classes.load()
-    kinds = attention_kinds()
-    reference = tiny_pipeline()
-    reference.unet.double()
-    reference.vae.double()
-    ran = []
-    handles = [m.register_forward_hook(lambda m, *_: ran.append(m)) for c in (reference.unet, reference.vae)
-               for m in c.modules() if isinstance(m, kinds)]  # fmt: skip
-    expected = run_pipeline(reference, dtype=torch.float64)
-    for handle in handles:
-        handle.remove()
+    expected, ran = reference_run()
 
     pipe = tiny_pipeline()
     before = class_state(api.LegacyCrossAttention, api.AttentionBlock)
