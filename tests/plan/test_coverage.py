@@ -20,7 +20,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import pytest
+import torch
 
+import npu_port
+from npu_port.integrations.diffusers import classes
+from npu_port.integrations.legacy_attention import find_legacy_attention
 from npu_port.plan import families
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,6 +120,47 @@ def test_the_table_covers_every_family_and_keeps_the_promises(recorded):
 def test_the_cheap_families_measure_as_recorded(recorded):
     for name in FAST:
         assert pinned(families.coverage(name)) == pinned(recorded[name]), name
+
+
+def count_routing(name: str) -> Tuple[int, int, List[str], int]:
+    """``name``'s forward under the ``vanilla`` strategy (the math kernel, which calls no SDPA) applied to its model:
+    how many times an attention module ran (diffusers' and legacy ones; each computes one attention call), how many
+    calls reached the strategy's router, the modules not routed (``kept``), and how many calls went to torch's SDPA
+    all the same — counted by patching it for the run, independently of npu-port's own bookkeeping."""
+    model = families.build(name)
+    kinds = classes.load().attention_module_classes
+    legacy = {id(module) for _, module in find_legacy_attention(model)}
+    ran: List[str] = []
+    hooks = [
+        module.register_forward_hook(lambda *_, n=module_name: ran.append(n))
+        for module_name, module in model.named_modules()
+        if isinstance(module, kinds) or id(module) in legacy
+    ]
+    real = torch.nn.functional.scaled_dot_product_attention
+    direct: List[tuple] = []
+
+    def counting(*args, **kwargs):
+        direct.append(tuple(args[0].shape))
+        return real(*args, **kwargs)
+
+    with npu_port.attention_strategy("vanilla", target=model) as handle:
+        torch.nn.functional.scaled_dot_product_attention = counting
+        try:
+            families.run(name, model)
+        finally:
+            torch.nn.functional.scaled_dot_product_attention = real
+        kept = [state.name for state in handle.applied.states() if state.state not in ("replaced", "routed")]
+    for hook in hooks:
+        hook.remove()
+    return len(ran), sum(handle.calls.values()), kept, len(direct)
+
+
+@pytest.mark.parametrize(
+    "name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in families.FAMILIES]
+)
+def test_every_attention_call_reaches_the_router(name, recorded):
+    ran, routed, kept, direct = count_routing(name)
+    assert (ran, routed, kept, direct) == (recorded[name]["calls"], recorded[name]["calls"], [], 0)
 
 
 @pytest.mark.slow
