@@ -74,9 +74,10 @@ def sd15(seed: int = 0) -> nn.Module:
     block's), as SD1.5's 8 heads at 320 and 640 channels give (its 160 at 1280 meets the same op limits as 80: 16-
     aligned, under 512); CLIP text of 77 x 768.
 
-    Reproduces a pipeline that passes the text's attention mask to the UNet (AudioLDM 2, Kandinsky and other
-    UNet pipelines do; ``StableDiffusionPipeline`` passes none): ``encoder_attention_mask`` ``(B, 77)``, which the
-    UNet turns into a ``(1 - mask) * -10000`` bias for every cross-attention.
+    Reproduces a UNet pipeline that passes the prompt's attention mask: ``encoder_attention_mask`` ``(B, 77)``,
+    which ``UNet2DConditionModel`` turns into a ``(1 - mask) * -10000`` bias for every cross-attention (AudioLDM 2,
+    Kandinsky 3 and DreamLite pass the prompt's mask to their UNets as ``encoder_attention_mask``;
+    ``StableDiffusionPipeline`` passes none, and without it every SD1.5 call is fused, as in the SDXL row).
     """
     from diffusers import UNet2DConditionModel
 
