@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 #: Read by cli.main: run this command even when ``import torch`` fails.
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         if hasattr(sys.stdout, "reconfigure"):  # quoted paths and errors must not fail on a narrow terminal encoding
             sys.stdout.reconfigure(errors="replace")
         result = run_doctor()
-        print(json.dumps(as_json(result), indent=2, default=str) if args.json else render_text(result))
+        _emit(json.dumps(as_json(result), indent=2, default=str) if args.json else render_text(result))
         return result.exit_code
     except Exception as exc:  # noqa: BLE001 - the doctor must not end in a traceback
         detail = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
@@ -60,20 +61,29 @@ def explain(query: str, as_json: bool = False) -> int:
 
     if query.strip().lower() == error_codes.LIST_WORD:
         if as_json:
-            print(json.dumps({"codes": [entry.as_dict() for entry in error_codes.ERROR_CODES]}, indent=2))
+            _emit(json.dumps({"codes": [entry.as_dict() for entry in error_codes.ERROR_CODES]}, indent=2))
         else:
-            print(error_codes.render_list())
+            _emit(error_codes.render_list())
         return 0
     entries = error_codes.find(query)
     if not entries:
         message = error_codes.unknown_message(query)
         if as_json:
-            print(json.dumps({"query": query, "codes": [], "error": message}, indent=2))
+            _emit(json.dumps({"query": query, "codes": [], "error": message}, indent=2))
         else:
             print(message, file=sys.stderr)
         return EXIT_UNKNOWN_CODE
     if as_json:
-        print(json.dumps({"query": query, "codes": [entry.as_dict() for entry in entries]}, indent=2))
+        _emit(json.dumps({"query": query, "codes": [entry.as_dict() for entry in entries]}, indent=2))
     else:
-        print(error_codes.render(entries))
+        _emit(error_codes.render(entries))
     return 0
+
+
+def _emit(text: str) -> None:
+    """Print ``text``; a reader that stops early (``| head``) ends the output quietly, not with a traceback."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the interpreter's exit flush is silent

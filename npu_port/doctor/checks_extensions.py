@@ -209,7 +209,7 @@ def _flash_attn_npu_import(facts: Facts, version: str, present: List[str]) -> Fi
         "flash-attn-npu",
         "flash-attn-npu",
         "warn",
-        f"flash-attn-npu {version}: {status.reason.message}",
+        f"flash-attn-npu {version}: {status.reason}",
         "reinstall flash-attn-npu for this torch / torch_npu / CANN (pip install flash-attn-npu --no-build-isolation)",
         {**details, "reason": status.reason.as_dict()},
         code=status.reason.code,

@@ -619,7 +619,7 @@ def _torch_npu_code(code: str) -> Optional[ErrorCode]:
     if error.startswith("call "):
         library = error.split()[1].upper()
         cause = (
-            f"{where} called a {library} API that failed; the same message carries that library's own code "
+            f"{where}: a call to {library} failed; the same message carries {library}'s own code "
             "('error code is NNNNNN')"
         )
         fix = "explain the library's code too: npu-port doctor --explain '<the whole error line>' finds both"
