@@ -118,7 +118,7 @@ BROKEN_HINTS: Dict[str, str] = {
     "xformers": "it was probably built for another torch or CUDA version; reinstall a matching build",
     "flash_attn": "it was probably built for another torch or CUDA version; reinstall a matching build",
     "flash_attn_npu": (
-        "its flash-attn 2 API imports only on Ascend 910B / 910C (\"Unsupported Ascend device\" elsewhere), after "
+        'its flash-attn 2 API imports only on Ascend 910B / 910C ("Unsupported Ascend device" elsewhere), after '
         "torch_npu imports (source CANN's set_env.sh first); otherwise rebuild it for this torch_npu and CANN"
     ),
 }

@@ -135,22 +135,11 @@ def flash_attn_func(
     return_attn_probs: bool = False,
 ) -> Tensor:
     """``q`` ``(B, Sq, H, D)``, ``k``/``v`` ``(B, Skv, H_kv, D)`` -> ``(B, Sq, H, D)``; see the module docstring."""
+    passed = dict(locals())  # the arguments as given: what flash_attn_npu is handed, by name
     function = "flash_attn_func"
     npu, declined = _npu.dense(function, q, k, v, dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes)
     if npu is not None:
-        return npu.flash_attn_func(
-            q,
-            k,
-            v,
-            dropout_p=dropout_p,
-            softmax_scale=softmax_scale,
-            causal=causal,
-            window_size=window_size,
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-            deterministic=deterministic,
-            return_attn_probs=return_attn_probs,
-        )
+        return npu.flash_attn_func(**passed)
     _check_supported(function, softcap, alibi_slopes, return_attn_probs, declined=declined)
     return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size)
 
@@ -168,21 +157,12 @@ def flash_attn_qkvpacked_func(
     return_attn_probs: bool = False,
 ) -> Tensor:
     """``qkv`` ``(B, S, 3, H, D)`` -> ``(B, S, H, D)``."""
+    passed = dict(locals())  # the arguments as given: what flash_attn_npu is handed, by name
     function = "flash_attn_qkvpacked_func"
     q, k, v = qkv.unbind(dim=2)
     npu, declined = _npu.dense(function, q, k, v, dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes)
     if npu is not None:
-        return npu.flash_attn_qkvpacked_func(
-            qkv,
-            dropout_p=dropout_p,
-            softmax_scale=softmax_scale,
-            causal=causal,
-            window_size=window_size,
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-            deterministic=deterministic,
-            return_attn_probs=return_attn_probs,
-        )
+        return npu.flash_attn_qkvpacked_func(**passed)
     _check_supported(function, softcap, alibi_slopes, return_attn_probs, declined=declined)
     return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size)
 
@@ -201,22 +181,12 @@ def flash_attn_kvpacked_func(
     return_attn_probs: bool = False,
 ) -> Tensor:
     """``q`` ``(B, Sq, H, D)``, ``kv`` ``(B, Skv, 2, H_kv, D)`` -> ``(B, Sq, H, D)``."""
+    passed = dict(locals())  # the arguments as given: what flash_attn_npu is handed, by name
     function = "flash_attn_kvpacked_func"
     k, v = kv.unbind(dim=2)
     npu, declined = _npu.dense(function, q, k, v, dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes)
     if npu is not None:
-        return npu.flash_attn_kvpacked_func(
-            q,
-            kv,
-            dropout_p=dropout_p,
-            softmax_scale=softmax_scale,
-            causal=causal,
-            window_size=window_size,
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-            deterministic=deterministic,
-            return_attn_probs=return_attn_probs,
-        )
+        return npu.flash_attn_kvpacked_func(**passed)
     _check_supported(function, softcap, alibi_slopes, return_attn_probs, declined=declined)
     return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size)
 
@@ -242,6 +212,7 @@ def flash_attn_varlen_func(
 ) -> Tensor:
     """``q`` ``(total_q, H, D)``, ``k``/``v`` ``(total_k, H_kv, D)``, ``cu_seqlens_*`` ``(B + 1,)`` -> ``(total_q,
     H, D)``; sequence ``b`` is ``q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]]`` and sees only its own keys."""
+    passed = dict(locals())  # the arguments as given: what flash_attn_npu is handed, by name
     function = "flash_attn_varlen_func"
     npu, declined = _npu.varlen(
         function,
@@ -256,24 +227,7 @@ def flash_attn_varlen_func(
         block_table=block_table,
     )
     if npu is not None:
-        return npu.flash_attn_varlen_func(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            dropout_p=dropout_p,
-            softmax_scale=softmax_scale,
-            causal=causal,
-            window_size=window_size,
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-            deterministic=deterministic,
-            return_attn_probs=return_attn_probs,
-            block_table=block_table,
-        )
+        return npu.flash_attn_varlen_func(**passed)
     _check_supported(function, softcap, alibi_slopes, return_attn_probs, block_table, declined)
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, dropout_p, softmax_scale, causal, window_size)
 
@@ -293,25 +247,14 @@ def flash_attn_varlen_qkvpacked_func(
     return_attn_probs: bool = False,
 ) -> Tensor:
     """``qkv`` ``(total, 3, H, D)`` -> ``(total, H, D)``."""
+    passed = dict(locals())  # the arguments as given: what flash_attn_npu is handed, by name
     function = "flash_attn_varlen_qkvpacked_func"
     q, k, v = qkv.unbind(dim=1)
     npu, declined = _npu.varlen(
         function, q, k, v, cu_seqlens, cu_seqlens, dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes
     )
     if npu is not None:
-        return npu.flash_attn_varlen_qkvpacked_func(
-            qkv,
-            cu_seqlens,
-            max_seqlen,
-            dropout_p=dropout_p,
-            softmax_scale=softmax_scale,
-            causal=causal,
-            window_size=window_size,
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-            deterministic=deterministic,
-            return_attn_probs=return_attn_probs,
-        )
+        return npu.flash_attn_varlen_qkvpacked_func(**passed)
     _check_supported(function, softcap, alibi_slopes, return_attn_probs, declined=declined)
     return _varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, dropout_p, softmax_scale, causal, window_size)
 
@@ -334,28 +277,14 @@ def flash_attn_varlen_kvpacked_func(
     return_attn_probs: bool = False,
 ) -> Tensor:
     """``q`` ``(total_q, H, D)``, ``kv`` ``(total_k, 2, H_kv, D)`` -> ``(total_q, H, D)``."""
+    passed = dict(locals())  # the arguments as given: what flash_attn_npu is handed, by name
     function = "flash_attn_varlen_kvpacked_func"
     k, v = kv.unbind(dim=1)
     npu, declined = _npu.varlen(
         function, q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes
     )
     if npu is not None:
-        return npu.flash_attn_varlen_kvpacked_func(
-            q,
-            kv,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            dropout_p=dropout_p,
-            softmax_scale=softmax_scale,
-            causal=causal,
-            window_size=window_size,
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-            deterministic=deterministic,
-            return_attn_probs=return_attn_probs,
-        )
+        return npu.flash_attn_varlen_kvpacked_func(**passed)
     _check_supported(function, softcap, alibi_slopes, return_attn_probs, declined=declined)
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, dropout_p, softmax_scale, causal, window_size)
 
@@ -392,6 +321,7 @@ def flash_attn_with_kvcache(
     refused (:class:`~npu_port.errors.DropInError`) unless flash_attn_npu takes the call (it reads ``cache_batch_idx``
     and paged caches; it has no rotary embedding and no ``cache_leftpad`` either).
     """
+    passed = dict(locals())  # the arguments as given: what flash_attn_npu is handed, by name
     function = "flash_attn_with_kvcache"
     npu, declined = _npu.kvcache(
         function,
@@ -411,27 +341,7 @@ def flash_attn_with_kvcache(
         num_splits=num_splits,
     )
     if npu is not None:
-        return npu.flash_attn_with_kvcache(
-            q,
-            k_cache,
-            v_cache,
-            k=k,
-            v=v,
-            rotary_cos=rotary_cos,
-            rotary_sin=rotary_sin,
-            cache_seqlens=cache_seqlens,
-            cache_batch_idx=cache_batch_idx,
-            cache_leftpad=cache_leftpad,
-            block_table=block_table,
-            softmax_scale=softmax_scale,
-            causal=causal,
-            window_size=window_size,
-            softcap=softcap,
-            rotary_interleaved=rotary_interleaved,
-            alibi_slopes=alibi_slopes,
-            num_splits=num_splits,
-            return_softmax_lse=return_softmax_lse,
-        )
+        return npu.flash_attn_with_kvcache(**passed)
     _check_supported(function, softcap, alibi_slopes, False, block_table, declined)
     if return_softmax_lse:
         _refuse(

@@ -156,10 +156,11 @@ class Activation:
 
 
 def _format_flash_attn_routes(routes: Dict[str, Any]) -> List[str]:
-    """The summary's lines on what computed the flash_attn drop-in's calls (none when it computed none)."""
+    """The summary's lines on what computed the flash_attn drop-in's calls: none when no call was on an NPU (off an
+    NPU the emulation is the only choice; the report still counts those calls under ``device``)."""
     delegated = sum(item["count"] for item in routes["flash_attn_npu"].values())
     emulated = routes["emulation"]
-    if not delegated and not emulated:
+    if not delegated and set(emulated) <= {"device"}:
         return []
     lines = [
         f"  flash_attn drop-in calls: {delegated} by flash_attn_npu, "

@@ -484,6 +484,21 @@ def test_the_run_summary_says_which_computed_the_calls():
     assert summary["by_rule"]["NPU110"]["count"] == 2  # both calls were handled by the drop-in
 
 
+def test_a_run_off_the_npu_counts_its_calls_in_the_report_only():
+    q = _randn(1, 4, 2, 16)
+    activation = npu_port.activate("cpu")
+    try:
+        import flash_attn
+
+        flash_attn.flash_attn_func(q, q, q)
+        summary, text = activation.summary(), activation.format_summary()
+    finally:
+        activation.deactivate()
+    assert summary["flash_attn_npu"]["flash_attn_npu"] == {}
+    assert summary["flash_attn_npu"]["emulation"]["device"]["count"] == 1
+    assert "flash_attn drop-in calls" not in text  # on a CPU the emulation is the only choice: nothing to say
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_importing_npu_port_and_calling_the_drop_in_on_cpu_never_imports_the_package(tmp_path):
