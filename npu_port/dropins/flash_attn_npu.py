@@ -108,7 +108,8 @@ def package() -> Union[ModuleType, Reason]:
     """The ``flash_attn_npu`` module, or why it cannot be used here; found once, then kept.
 
     The chip is asked first (from torch_npu, already loaded when NPU tensors exist): the package's own import lets
-    every "Ascend910..." through, 910A included, whose kernels it was not built for, and raises on 950 and 310P.
+    every "Ascend910..." through, 910A included, which its README does not list (910B / 910C / 950), and raises on
+    950 and 310P.
     """
     global _found
     if _found is None:
