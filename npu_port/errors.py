@@ -131,6 +131,11 @@ class InferenceError(NpuPortError, ValueError):
     """``npu-port infer`` / the demo was given something it cannot run (a missing model, a size out of range...)."""
 
 
+class PlanError(NpuPortError, ValueError):
+    """``npu-port plan`` / ``npu_port.plan`` was asked for a plan it cannot make (a strategy that routes no call to
+    a kernel, say); the message says why and what to give instead."""
+
+
 class DropInError(NpuPortError, NotImplementedError):
     """A flash_attn / xformers drop-in was asked for something it cannot compute faithfully (ALiBi, softcap, the
     softmax statistics, a paged KV cache...); the message says what and what to use instead."""

@@ -28,6 +28,7 @@ COMMANDS = {
     "doctor": "doctor_cmd",
     "infer": "infer_cmd",
     "run": "run_cmd",
+    "plan": "plan_cmd",
     "scan": "scan_cmd",
     "fix": "fix_cmd",
 }

@@ -8,6 +8,10 @@ holding the entry point's top package, and every ``--watch`` folder — which re
 routes their legacy attention classes and applies ``--override``. Everything is checked before any of the project's
 code runs. A summary of what was patched and how often it was hit goes to stderr at exit, or to ``--report`` as
 JSON: one file per rank under torchrun. The exit code is the script's (1 for an uncaught exception, 130 for Ctrl-C).
+
+``npu-port run --plan [--device npu --chip 910B --strategy npu --json] script.py`` runs the script on this machine's
+CPU instead, records every attention call it makes and prints which would run fused on the ``--device`` given (see
+``npu-port plan``); the script's own output goes to stderr under ``--json``, so stdout holds the JSON alone.
 """
 
 from __future__ import annotations
@@ -67,6 +71,16 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
         help="leave the project's `x.device.type == 'cuda'` / `.is_cuda` checks as written (default: the target "
         "device reads as cuda there)",
     )
+    from .plan_cmd import add_plan_target_arguments
+
+    plan = parser.add_argument_group("plan (npu-port plan for a script)")
+    plan.add_argument(
+        "--plan",
+        action="store_true",
+        help="run the script here (cpu), record its attention calls and say which would run fused on --device "
+        "(default npu) with --strategy (default npu)",
+    )
+    add_plan_target_arguments(plan, None)
     parser.add_argument("-m", dest="as_module", action="store_true", help="run a module, as python -m does")
     parser.add_argument("target", metavar="script.py | module", help="the script (or, with -m, the module) to run")
     parser.add_argument("arguments", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -113,6 +127,25 @@ def _format_stop(summary: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Flags that mean something only with --plan.
+PLAN_ONLY = (("--chip", "chip"), ("--json", "json"), ("--require-fused", "require_fused"), ("--verbose", "verbose"))
+
+
+def _check_plan_flags(args: argparse.Namespace) -> None:
+    from ..errors import RunError
+
+    if not args.plan:
+        for flag, name in PLAN_ONLY:
+            if getattr(args, name):
+                raise RunError(f"{flag} applies to --plan only (npu-port run --plan {flag} ... script.py)")
+        return
+    if args.profile:
+        raise RunError(
+            "--profile sets device options for a run on the device; with --plan name the strategy to judge with "
+            "--strategy"
+        )
+
+
 def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> int:
     from ..device.redirect.install import UNAVAILABLE
     from ..runtime import activate
@@ -121,6 +154,8 @@ def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -
     from ..runtime.overrides import Overrides
 
     environ = os.environ if environ is None else environ
+    _check_plan_flags(args)
+    planning = _planning(args) if args.plan else None
     entry = resolve_entry(args.target, args.as_module)
     roots = watch_roots(entry, args.watch, environ=environ)
     report = rank_report_path(args.report, environ) if args.report else None
@@ -130,8 +165,8 @@ def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -
     for item in overrides.items:
         item.check_locatable([entry.sys_path0, *sys.path])
     activation = activate(
-        args.device,
-        args.strategy,
+        "cpu" if planning else args.device,
+        RECORDING_ON if planning else args.strategy,
         args.profile,
         watch=roots,
         force_dropins=args.force_dropins,
@@ -140,8 +175,19 @@ def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -
         device_checks=not args.keep_device_checks,
     )
     outcome = None
+    recording = None
     try:
-        outcome = run_entry(entry, args.arguments, transform=activation.transform, init_globals=activation.init_globals)
+
+        def run_script() -> Any:
+            return run_entry(
+                entry, args.arguments, transform=activation.transform, init_globals=activation.init_globals
+            )
+
+        if planning:
+            recording = _record(run_script, planning, quiet_stdout=args.json)
+            outcome = recording.result
+        else:
+            outcome = run_script()
     finally:
         summary = activation.summary()
         text = activation.format_summary()
@@ -163,4 +209,46 @@ def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -
             print(f"npu-port run: {hint}", file=sys.stderr)
     else:
         print(prefix + text + (f"\n{stop}" if stop else ""), file=sys.stderr)
+    if planning:
+        return _show_plan(recording, planning, args, entry.path, outcome.exit_code)
     return outcome.exit_code
+
+
+#: The strategy a planned script runs with here (npu-port plan's recording computes with sdpa, else math).
+RECORDING_ON = "sdpa"
+
+
+def _planning(args: argparse.Namespace) -> Any:
+    """The target and strategy of ``--plan``, checked before the script is even located (bad input: one line)."""
+    from ..plan.record import recording_strategy
+    from .plan_cmd import plan_target
+
+    return plan_target(args.device, args.chip), recording_strategy(args.strategy or "npu")
+
+
+def _record(run_script: Any, planning: Any, quiet_stdout: bool) -> Any:
+    """Run the script under the recording (process-wide); under ``--json`` its stdout goes to stderr."""
+    import contextlib
+
+    from ..plan import record_calls
+
+    quiet = contextlib.redirect_stdout(sys.stderr) if quiet_stdout else contextlib.nullcontext()
+    with quiet:
+        return record_calls(run_script, None, planning[1])
+
+
+def _show_plan(recording: Any, planning: Any, args: argparse.Namespace, script: str, exit_code: int) -> int:
+    """The plan of what the script did; the script's own failure (exit code) wins over --require-fused's 1."""
+    from ..plan import assess
+    from .plan_cmd import show_plan
+
+    target, strategy = planning
+    plan = assess(recording, target, strategy, model=script, verbose=args.verbose)
+    if exit_code:
+        print(
+            f"npu-port run --plan: the script stopped with exit code {exit_code}; the plan covers the calls made "
+            "until then",
+            file=sys.stderr,
+        )
+    code = show_plan(plan, args)
+    return exit_code or code

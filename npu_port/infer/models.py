@@ -15,7 +15,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 
@@ -63,11 +63,14 @@ _TINY_VERSION = "v2"
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
-def resolve_dtype(text: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(text: str, device: Union[torch.device, str]) -> torch.dtype:
+    """``--dtype`` for ``device`` (a device, or a device type such as ``"npu"``: a plan resolves the dtype of a
+    device this machine may not have)."""
     if text not in DTYPES:
         raise InferenceError(f"unknown dtype {text!r}; valid dtypes: {', '.join(DTYPES)}")
     if text == "auto":
-        return torch.float32 if device.type == "cpu" else torch.float16
+        device_type = device if isinstance(device, str) else device.type
+        return torch.float32 if device_type == "cpu" else torch.float16
     return getattr(torch, text)
 
 

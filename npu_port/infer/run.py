@@ -145,7 +145,7 @@ def _true_cfg(pipe: Any) -> bool:
     )
 
 
-def _call_arguments(loaded: LoadedPipeline, request: GenerationRequest, generator: torch.Generator) -> Dict[str, Any]:
+def call_arguments(loaded: LoadedPipeline, request: GenerationRequest, generator: torch.Generator) -> Dict[str, Any]:
     pipe = loaded.pipe
     arguments: Dict[str, Any] = {
         "num_inference_steps": request.steps,
@@ -217,7 +217,7 @@ def generate(
         start = stamp(loaded.device)
         with _StepClock(pipe, loaded.device, deadline, request) as clock, torch.no_grad():
             generator = torch.Generator("cpu").manual_seed(request.seed)  # same start on every device
-            output = pipe(**_call_arguments(loaded, request, generator))
+            output = pipe(**call_arguments(loaded, request, generator))
         end = stamp(loaded.device)
         explanation = handle.explain()
         resolved = handle.name

@@ -158,7 +158,14 @@ def set_attention_strategy(strategy: Any = "auto", target: Any = None, **options
         return handle
     router = StrategyRouter(spec)
     router.check_available()
-    handle = StrategyHandle(spec, router, target)
+    return apply_router(router, target)
+
+
+def apply_router(router: StrategyRouter, target: Any = None) -> StrategyHandle:
+    """Apply an already built router (its strategy is ``router.strategy``) as :func:`set_attention_strategy` applies
+    the one it builds: process-wide for ``target=None``, else through the target's applier. For routers that do
+    more than route (``npu-port plan`` records every call it is given); the caller checks availability."""
+    handle = StrategyHandle(router.strategy, router, target)
     if target is None:
         handle.notes = STATE.activate(handle)
     else:

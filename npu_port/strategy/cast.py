@@ -69,6 +69,12 @@ class CastKernel(Kernel):
     def score_bytes(self, call: AttentionCall) -> int:
         return self.inner.score_bytes(stand_in_call(call, self.dtype))
 
+    def plan_bytes(self, call: AttentionCall) -> int:
+        return self.inner.plan_bytes(stand_in_call(call, self.dtype))
+
+    def fused(self, call: AttentionCall, target: Target) -> bool:
+        return self.inner.fused(stand_in_call(call, self.dtype), target)
+
     @property
     def supports_lse(self) -> bool:  # type: ignore[override]
         return self.inner.supports_lse

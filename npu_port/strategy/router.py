@@ -24,6 +24,7 @@ from ..attn.contract import finish_unmasked
 from ..attn.kernels.base import Kernel
 from ..attn.registry import get_kernel
 from ..attn.select import runnable_kernels
+from ..attn.target import Target
 from ..device import free_memory_bytes
 from ..errors import KernelUnavailableError, NoKernelError, StrategyError
 from ..reasons import Reason
@@ -135,16 +136,26 @@ class StrategyRouter:
 
     # ---- choosing ---------------------------------------------------------------------------------------------
 
-    def _forms(self, kernel: Kernel, call: AttentionCall) -> Tuple[Kernel, List[Reason]]:
-        """The kernel itself, or its compute_dtype form when only the dtype stood in the way."""
-        reasons = kernel.reasons(call)
+    def _forms(
+        self, kernel: Kernel, call: AttentionCall, target: Optional[Target] = None
+    ) -> Tuple[Kernel, List[Reason]]:
+        """The kernel itself, or its compute_dtype form when only the dtype stood in the way (judged for ``target``
+        when given: see :class:`~npu_port.attn.target.Target`)."""
+        reasons = kernel.reasons(call, target)
         if reasons and self.compute_dtype is not None and call.dtype == torch.float32:
             if all(r.code == "dtype" for r in reasons):
                 cast = CastKernel(kernel, self.compute_dtype)
-                cast_reasons = cast.reasons(call)
+                cast_reasons = cast.reasons(call, target)
                 if not cast_reasons:
                     return cast, []
         return kernel, list(reasons)
+
+    def candidate_forms(
+        self, call: AttentionCall, target: Optional[Target] = None
+    ) -> List[Tuple[Kernel, List[Reason]]]:
+        """Each candidate in the strategy's order as it would take ``call`` (itself, or its compute_dtype form) with
+        the reasons it cannot (empty: it can): what a plan made for another device reads, by the router's own rule."""
+        return [self._forms(kernel, call, target) for kernel in self.kernels]
 
     def select(self, call: AttentionCall) -> Kernel:
         """The kernel for ``call`` (raises with every reason when none can run it)."""
