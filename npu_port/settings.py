@@ -108,3 +108,17 @@ def validate(
 def defaults_of(declared: Mapping[str, Setting]) -> Dict[str, Any]:
     """Each declared setting's default."""
     return {name: setting.default for name, setting in declared.items()}
+
+
+def check_masked_value(value: Any) -> Optional[float]:
+    """The ``masked_value`` setting (a strategy option and a kernel option): None, or the negative number that an
+    additive attention mask uses for "masked" (diffusers' ``-10000.0``), as a float. Positive values and NaN are
+    refused: added to the scores they would never mask anything."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value < 0:
+        raise InvalidSetting(
+            "masked_value must be None or a negative number, the additive value your masks use for a masked "
+            f"position (e.g. -10000.0 for diffusers' masks); got {value!r}"
+        )
+    return float(value)

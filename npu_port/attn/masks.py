@@ -13,17 +13,28 @@ against the 4-D scores ``(batch, heads, q_len, key_len)``, plus, for float masks
 An additive value at or below :data:`MASKED_AT_OR_BELOW` counts as masked, exactly like ``-inf``: that covers
 ``finfo.min`` masks in float16, bfloat16 and float32 alike, so a row whose keys are all masked gives zeros — the
 same answer as ``-inf`` — instead of SDPA's uniform average over masked keys or, in float16, ``-inf`` + NaN.
+
+Kernels whose ops take bool masks only (the Ascend ops; SDPA on an NPU, which sends float masks to its slow path)
+convert a float mask that is a *pure mask* — 0 where kept, masked values elsewhere — into a bool one, exactly
+(:func:`float_mask_facts`, :func:`mask_keep`); a user may declare one more masking value (``masked_value``, e.g.
+diffusers' ``-10000.0``), compared exactly in the mask's dtype. Whether a mask is pure is read from its values (one
+device synchronisation), so it is decided once per mask tensor and kept (:func:`memoized`, keyed weakly on the
+caller's tensor and its version counter), as is every form converted from it: a model whose layers all receive the
+same mask tensor pays for one check and one conversion per forward, and an in-place change is seen.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Hashable, Optional, Sequence, Tuple, TypeVar
 
 import torch
 from torch import Tensor
 
 from ..errors import AttentionInputError
+from ..weak import Memo, tensor_version
+
+T = TypeVar("T")
 
 #: Half of float16's most negative finite value (-65504). Additive values at or below it count as masked.
 MASKED_AT_OR_BELOW = -32752.0
@@ -31,14 +42,19 @@ MASKED_AT_OR_BELOW = -32752.0
 __all__ = [
     "MASKED_AT_OR_BELOW",
     "CanonicalMask",
+    "FloatMaskFacts",
     "additive_from_keep",
     "canonicalize",
     "causal_keep",
+    "float_mask_facts",
+    "key_padding_lengths",
     "keep_from_additive",
     "keep_from_binary",
     "keep_from_key_padding",
     "keep_from_masked",
+    "mask_keep",
     "masked_from_keep",
+    "memoized",
     "unfold_heads",
 ]
 
@@ -169,6 +185,16 @@ class CanonicalMask:
 
     keep: Tensor
     bias: Optional[Tensor]
+    #: The caller's mask in 4-D, as canonicalised, when ``bias`` / ``keep`` are not it (a call cast to another dtype
+    #: keeps the original here): what a mask's purity and converted forms are read from and kept by.
+    origin: Optional[Tensor] = None
+
+    @property
+    def source(self) -> Tensor:
+        """The caller's mask in 4-D (a view of the tensor the caller passed, where reshaping allowed one)."""
+        if self.origin is not None:
+            return self.origin
+        return self.bias if self.bias is not None else self.keep
 
     @property
     def kind(self) -> str:
@@ -225,3 +251,99 @@ def canonicalize(attn_mask: Optional[Tensor], target: Sequence[int], device: tor
     if mask4.dtype == torch.bool:
         return CanonicalMask(keep=mask4, bias=None)
     return CanonicalMask(keep=mask4 > MASKED_AT_OR_BELOW, bias=mask4)
+
+
+# ---- float masks that are pure masks, and the forms converted from a mask, kept per mask tensor ---------------------
+
+#: Everything derived from a user's mask tensor and kept for the next call: purity, key lengths, converted masks.
+MEMO = Memo(capacity=16)
+
+
+def memoized(mask: CanonicalMask, key: Hashable, compute: Callable[[], T]) -> T:
+    """``compute()`` for ``mask``, kept under ``key`` while the caller's tensor lives and is unchanged.
+
+    The entry is keyed on the tensor the caller passed (the base of the 4-D view the call holds: a reshape makes a
+    new view at every call) and on which part of it the view shows, so the same mask passed to every layer is
+    found again; its version counter tells an in-place change. A mask made under ``torch.inference_mode()`` has
+    no version counter: its forms are computed at every call. ``compute`` must not return a view of the mask."""
+    source = mask.source
+    root = source._base if source._base is not None else source
+    where = (source.storage_offset(), tuple(source.shape), source.stride(), source.dtype)
+    return MEMO.get(root, tensor_version(source), (where, key), compute)
+
+
+def _exactly(masked_value: Optional[float], dtype: torch.dtype) -> Optional[float]:
+    """``masked_value`` as the mask's dtype holds it (bfloat16 holds -10000.0 as -9984.0, which is what a diffusers
+    mask computed in bfloat16 contains)."""
+    if masked_value is None:
+        return None
+    return torch.tensor(masked_value, dtype=dtype).item()
+
+
+def _masked_entries(values: Tensor, masked_value: Optional[float]) -> Tensor:
+    masked = values <= MASKED_AT_OR_BELOW
+    declared = _exactly(masked_value, values.dtype)
+    if declared is not None and declared > MASKED_AT_OR_BELOW:
+        masked = masked | (values == declared)
+    return masked
+
+
+def mask_keep(mask: CanonicalMask, masked_value: Optional[float] = None) -> Tensor:
+    """The keep-mask of ``mask`` with ``masked_value`` counted as masked too (a float mask's entries equal to it, in
+    the mask's dtype); a bool mask's own. Read from the caller's values (:attr:`CanonicalMask.source`)."""
+    source = mask.source
+    if source.dtype == torch.bool:
+        return source
+    if masked_value is None:
+        return mask.keep  # canonicalize's; a cast call keeps it
+    return ~_masked_entries(source, masked_value)
+
+
+@dataclass(frozen=True)
+class FloatMaskFacts:
+    """What a float mask's values say. ``pure``: every entry is 0 or masked (``-inf``, at or below
+    :data:`MASKED_AT_OR_BELOW`, or the declared ``masked_value``), so a bool mask says the same, exactly.
+    Otherwise ``example`` is one value that makes it a bias (a non-zero value on a kept position, or NaN)."""
+
+    pure: bool
+    example: Optional[float] = None
+
+
+def float_mask_facts(mask: CanonicalMask, masked_value: Optional[float] = None) -> Optional[FloatMaskFacts]:
+    """Whether ``mask`` is a pure mask (None for a bool mask); decided once per mask tensor and version (one device
+    synchronisation) and kept (:func:`memoized`)."""
+    if mask.bias is None:
+        return None
+
+    def decide() -> FloatMaskFacts:
+        values = mask.source.detach()
+        bias = torch.isnan(values) | (~_masked_entries(values, masked_value) & (values != 0))
+        if not bool(bias.any()):
+            return FloatMaskFacts(True)
+        return FloatMaskFacts(False, values[bias][0].item())
+
+    return memoized(mask, ("facts", masked_value), decide)
+
+
+def key_padding_lengths(mask: CanonicalMask, masked_value: Optional[float] = None) -> Optional[Tuple[int, ...]]:
+    """For a key-padding mask — shape ``(B|1, 1, 1, Skv)`` whose kept keys are a prefix ``0 .. L_b - 1`` in every
+    batch item (a tokenizer's right padding) — the lengths ``(L_b, ...)``; None for any other mask. For a float
+    mask, ask only once :func:`float_mask_facts` says it is pure. Kept per mask tensor (:func:`memoized`)."""
+    source = mask.source
+    if source.dim() != 4 or source.shape[1] != 1 or source.shape[2] != 1:
+        return None
+
+    def lengths() -> Optional[Tuple[int, ...]]:
+        keep = mask_keep(mask, masked_value)[:, 0, 0, :]
+        counts = keep.sum(dim=-1)
+        prefix = (torch.arange(keep.shape[-1], device=keep.device) < counts[:, None]) == keep
+        found = torch.cat([counts, prefix.all().reshape(1).to(counts.dtype)]).tolist()  # one synchronisation
+        return tuple(int(n) for n in found[:-1]) if found[-1] else None
+
+    return memoized(mask, ("lengths", masked_value), lengths)
+
+
+def describe_masked(masked_value: Optional[float]) -> str:
+    """What counts as masked in a float mask, as messages say it."""
+    declared = "" if masked_value is None else f", or the declared masked_value {masked_value:g}"
+    return f"-inf, values <= {MASKED_AT_OR_BELOW:g}{declared}"

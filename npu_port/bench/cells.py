@@ -23,7 +23,6 @@ from ..attn.call import AttentionCall
 from ..attn.kernels.base import Kernel
 from ..device.timing import spread, timed
 from ..errors import KernelUnavailableError, NoKernelError, NpuPortError, StrategyError
-from ..strategy.decision import bucket_key
 from ..strategy.measure import TOLERANCE
 from ..strategy.router import StrategyRouter
 from ..strategy.spec import Strategy
@@ -56,7 +55,7 @@ def _refusal(exc: NpuPortError) -> str:
 
 
 def _auto_note(router: StrategyRouter, call: AttentionCall) -> Tuple[str, List[Dict[str, Any]]]:
-    decision = router.decisions.get(bucket_key(call))
+    decision = router.decisions.get(router.bucket(call))
     if decision is None:
         return "", []
     parts = []

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import inspect
 import threading
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -27,6 +26,7 @@ from torch import Tensor
 from ..attn.api import attention
 from ..integrations.diffusers.routing import current_route
 from ..integrations.diffusers.stand_ins import dispatcher_mask
+from ..weak import Memo, tensor_version
 from .sequence import SequenceGroups, check_call, context_parallel_attention, gather_key_mask, key_mask
 
 #: The backend's name in diffusers (``model.set_attention_backend("npu_port")``) and its enum member's name.
@@ -37,38 +37,19 @@ _LOCK = threading.RLock()
 _USERS = 0
 
 
-class _GatheredMask:
-    """The last key mask gathered, kept while the same tensor (same version) comes back: a model's layers pass the
-    same mask object call after call, so it crosses the network once per forward, not once per layer. Keyed on the
-    tensor the caller passed (``source``), not on its widened form: widening a 2-D or 3-D mask makes a new view at
-    every call."""
-
-    def __init__(self) -> None:
-        self.source: Optional["weakref.ref[Tensor]"] = None
-        self.version = -1
-        self.groups: Optional[SequenceGroups] = None
-        self.gathered: Optional[Tensor] = None
-
-    def get(self, source: Tensor, mask: Tensor, groups: SequenceGroups) -> Tensor:
-        """``mask`` (``source`` as the caller passed it, widened) gathered, or the copy kept for ``source``."""
-        kept = self.source() if self.source is not None else None
-        if kept is source and self.version == source._version and self.groups is groups and self.gathered is not None:
-            return self.gathered
-        gathered = gather_key_mask(mask, groups)
-        self.source, self.version, self.groups, self.gathered = weakref.ref(source), source._version, groups, gathered
-        return gathered
-
-
-_MASKS = threading.local()
+#: The key masks gathered, kept while the same tensor (same version) comes back: a model's layers pass the same mask
+#: object call after call, so it crosses the network once per forward, not once per layer. Keyed on the tensor the
+#: caller passed (``source``), not on its widened form: widening a 2-D or 3-D mask makes a new view at every call.
+_GATHERED = Memo(capacity=4)
 
 
 def _gathered(source: Tensor, mask: Tensor, groups: SequenceGroups) -> Tensor:
-    if source.is_inference():  # no version counter to tell a changed mask from the same one: gather every time
-        return gather_key_mask(mask, groups)
-    cache = getattr(_MASKS, "cache", None)
-    if cache is None:
-        cache = _MASKS.cache = _GatheredMask()
-    return cache.get(source, mask, groups)
+    """``mask`` (``source`` as the caller passed it, widened) gathered over ``groups``, or the copy kept for
+    ``source``; a mask made under ``torch.inference_mode()`` has no version counter and is gathered every time."""
+    kept_groups, gathered = _GATHERED.get(
+        source, tensor_version(source), id(groups), lambda: (groups, gather_key_mask(mask, groups))
+    )
+    return gathered if kept_groups is groups else gather_key_mask(mask, groups)
 
 
 def _attention_lse(*args: Any, **kwargs: Any) -> Tuple[Tensor, Tensor]:

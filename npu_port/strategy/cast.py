@@ -22,7 +22,9 @@ from ..reasons import Reason
 
 
 def _stand_in(tensor: Tensor, dtype: torch.dtype) -> Tensor:
-    """A zero-memory tensor with the shape, device and grad flag of ``tensor`` in ``dtype`` (for cheap reasons())."""
+    """A zero-memory tensor with the shape, device and grad flag of ``tensor`` in ``dtype`` (for cheap reasons()).
+    Its values are meaningless: a float mask's stand-in keeps the caller's mask as its ``origin``, which is what the
+    kernels that read mask values read."""
     scalar = torch.empty((), dtype=dtype, device=tensor.device).requires_grad_(tensor.requires_grad)
     return scalar.expand(tensor.shape)
 
@@ -31,7 +33,7 @@ def stand_in_call(call: AttentionCall, dtype: torch.dtype) -> AttentionCall:
     """What ``call`` would look like cast to ``dtype``, without copying any data."""
     mask = call.mask
     if mask is not None and mask.bias is not None:
-        mask = CanonicalMask(mask.keep, _stand_in(mask.bias, dtype))
+        mask = CanonicalMask(mask.keep, _stand_in(mask.bias, dtype), origin=mask.source)
     return replace(
         call,
         query=_stand_in(call.query, dtype),
@@ -44,7 +46,7 @@ def stand_in_call(call: AttentionCall, dtype: torch.dtype) -> AttentionCall:
 def cast_call(call: AttentionCall, dtype: torch.dtype) -> AttentionCall:
     mask = call.mask
     if mask is not None and mask.bias is not None:
-        mask = CanonicalMask(mask.keep, mask.bias.to(dtype))
+        mask = CanonicalMask(mask.keep, mask.bias.to(dtype), origin=mask.source)
     return replace(call, query=call.query.to(dtype), key=call.key.to(dtype), value=call.value.to(dtype), mask=mask)
 
 
@@ -74,6 +76,9 @@ class CastKernel(Kernel):
 
     def fused(self, call: AttentionCall, target: Target) -> bool:
         return self.inner.fused(stand_in_call(call, self.dtype), target)
+
+    def reads_mask_values(self, device_type: str) -> bool:
+        return self.inner.reads_mask_values(device_type)
 
     @property
     def supports_lse(self) -> bool:  # type: ignore[override]

@@ -20,19 +20,23 @@ from ..reasons import Reason, as_reason
 PICKED, OK, REJECTED, REFUSED, SKIPPED = "picked", "ok", "rejected", "refused", "skipped"
 
 
-def mask_form(call: AttentionCall) -> str:
-    """``none``, or the mask kind and its broadcast pattern over (B, H, Sq, Skv): ``bool[B1QK]``, ``float[11QK]``."""
+def mask_form(call: AttentionCall, pure: Optional[bool] = None) -> str:
+    """``none``, or the mask kind and its broadcast pattern over (B, H, Sq, Skv): ``bool[B1QK]``, ``float[11QK]``.
+    Where a candidate kernel's choice depends on whether a float mask is a pure mask (``pure`` known: the Ascend
+    kernels, sdpa on an NPU), the kind says which: ``float-pure[B11K]`` or ``float-bias[BHQK]``."""
     if call.mask is None:
         return "none"
     letters = "BHQK"
     pattern = "".join("1" if size == 1 else letters[i] for i, size in enumerate(call.mask.shape))
-    return f"{call.mask.kind}[{pattern}]"
+    kind = call.mask.kind if pure is None else ("float-pure" if pure else "float-bias")
+    return f"{kind}[{pattern}]"
 
 
-def bucket_signature(call: AttentionCall) -> Tuple[Any, ...]:
+def bucket_signature(call: AttentionCall, pure: Optional[bool] = None) -> Tuple[Any, ...]:
     """What the router looks its choice up by, on every call: a tuple that determines :func:`bucket_key` (the exact
     shapes fix the mask's broadcast pattern), built from a few attribute reads. The readable string is made only
-    when a bucket is first seen."""
+    when a bucket is first seen. ``pure``: whether the float mask is a pure mask, where that matters (see
+    :func:`mask_form`)."""
     mask = call.mask
     return (
         call.query.shape,
@@ -45,14 +49,15 @@ def bucket_signature(call: AttentionCall) -> Tuple[Any, ...]:
         call.dropout_p > 0,
         call.needs_grad,
         call.return_lse,
+        pure,
     )
 
 
-def bucket_key(call: AttentionCall) -> str:
+def bucket_key(call: AttentionCall, pure: Optional[bool] = None) -> str:
     """The bucket of a call, as a stable string (also the on-disk cache key and what ``explain()`` shows)."""
     return (
         f"{call.device} {dtype_name(call.dtype)} B={call.batch} H={call.heads}/{call.kv_heads} "
-        f"Sq={call.q_len} Skv={call.key_len} D={call.head_dim}/{call.value_dim} mask={mask_form(call)} "
+        f"Sq={call.q_len} Skv={call.key_len} D={call.head_dim}/{call.value_dim} mask={mask_form(call, pure)} "
         f"causal={'yes' if call.is_causal else 'no'} dropout={'yes' if call.dropout_p > 0 else 'no'} "
         f"grad={'yes' if call.needs_grad else 'no'}" + (" lse=yes" if call.return_lse else "")
     )

@@ -22,6 +22,7 @@ from ..attn.api import run_call, run_call_lse
 from ..attn.call import AttentionCall
 from ..attn.contract import finish_unmasked
 from ..attn.kernels.base import Kernel
+from ..attn.masks import float_mask_facts
 from ..attn.registry import get_kernel
 from ..attn.select import runnable_kernels
 from ..attn.target import Target
@@ -116,6 +117,8 @@ class StrategyRouter:
         self.caches: Dict[str, DecisionCache] = {}
         self.probes = 0
         self.unmeasured: Optional[Decision] = None  # the last call auto could not measure (NaN / inf inputs)
+        self.masked_value: Optional[float] = strategy.option("masked_value")
+        self._reads_mask_values: Dict[str, bool] = {}  # by device type: does a candidate's choice depend on them
         self._lock = threading.Lock()
 
     # ---- what the strategy can do here ------------------------------------------------------------------------
@@ -161,23 +164,43 @@ class StrategyRouter:
         """The kernel for ``call`` (raises with every reason when none can run it)."""
         return self._select(call)[0]
 
+    def _pure(self, call: AttentionCall) -> Optional[bool]:
+        """Whether ``call``'s float mask is a pure mask, when a candidate's choice depends on it on this device (a
+        kernel that converts pure masks: see ``Kernel.reads_mask_values``); None otherwise. Read once per mask
+        tensor (``float_mask_facts`` keeps it), so a model's layers that share a mask pay for one check."""
+        mask = call.mask
+        if mask is None or mask.bias is None:
+            return None
+        device_type = call.device.type
+        reads = self._reads_mask_values.get(device_type)
+        if reads is None:
+            reads = self._reads_mask_values[device_type] = any(k.reads_mask_values(device_type) for k in self.kernels)
+        return float_mask_facts(mask, self.masked_value).pure if reads else None
+
+    def bucket(self, call: AttentionCall) -> str:
+        """The bucket ``call`` falls in for this router (its decisions are kept by it)."""
+        return bucket_key(call, self._pure(call))
+
     def _select(self, call: AttentionCall) -> Tuple[Kernel, bool]:
         """The kernel for ``call``, and whether it is settled for the bucket (False for a call auto could not
         measure: NaN or inf in its inputs — used for that call only)."""
-        signature = bucket_signature(call)
+        pure = self._pure(call)
+        signature = bucket_signature(call, pure)
         kernel = self._chosen.get(signature)
         settled = True
         if kernel is None:
-            kernel, settled = self._first_in_bucket(call, signature)
+            kernel, settled = self._first_in_bucket(call, signature, pure)
         self.calls[kernel.name] += 1
         return kernel, settled
 
-    def _first_in_bucket(self, call: AttentionCall, signature: Tuple[Any, ...]) -> Tuple[Kernel, bool]:
+    def _first_in_bucket(
+        self, call: AttentionCall, signature: Tuple[Any, ...], pure: Optional[bool]
+    ) -> Tuple[Kernel, bool]:
         with self._lock:
             kernel = self._chosen.get(signature)
             if kernel is not None:
                 return kernel, True
-            bucket = bucket_key(call)
+            bucket = bucket_key(call, pure)
             decision = self.decisions.get(bucket)
             if decision is None:
                 decision = self._decide(call, bucket)

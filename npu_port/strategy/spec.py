@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from ..errors import StrategyOptionError
-from ..settings import InvalidSetting, Setting, check_value, defaults_of
+from ..settings import InvalidSetting, Setting, check_masked_value, check_value, defaults_of
 from ..settings import check_name as check_setting_name
 
 SELECT_MODES = ("fixed", "first", "measure")
@@ -148,6 +148,13 @@ OPTIONS: Dict[str, Setting] = {
         "cast float32 inputs to this dtype for the kernel and the output back (lets fp16/bf16-only kernels such as "
         "the Ascend ops run float32 models; changes precision, so auto's parity check applies)",
         COMPUTE_DTYPES,
+    ),
+    "masked_value": Setting(
+        None,
+        check_masked_value,
+        "an additive mask value that counts as masked, exactly, like -inf (e.g. -10000.0 for diffusers' masks): the "
+        "Ascend kernels and sdpa then treat float masks of 0 and that value as masks (bool on an NPU); a row whose "
+        "every key holds it gives zeros instead of an average",
     ),
     "repeats": Setting(
         5, _int_at_least("repeats", 1), "auto: timed rounds per candidate (their median and middle half are kept)"

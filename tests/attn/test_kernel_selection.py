@@ -89,7 +89,14 @@ def test_unknown_kernel_lists_every_valid_name():
             {"backends": ["flash", "fast"]},
             "unknown SDPA backend 'fast'; valid backends: flash, efficient, cudnn, math, overrideable",
         ),
-        ("npu_fusion", {"anything": 1}, "kernel 'npu_fusion' has no option 'anything'; valid options: none"),
+        ("flash_attn", {"anything": 1}, "kernel 'flash_attn' has no option 'anything'; valid options: none"),
+        ("npu_fusion", {"anything": 1}, "kernel 'npu_fusion' has no option 'anything'; valid options: masked_value"),
+        (
+            "npu_fused_infer",
+            {"masked_value": 1},
+            "masked_value must be None or a negative number, the additive value your masks use for a masked "
+            "position (e.g. -10000.0 for diffusers' masks); got 1",
+        ),
     ],
 )
 def test_kernel_option_errors(name, options, message):

@@ -89,7 +89,9 @@ class Kernel:
 
     Subclasses set the class attributes and implement :meth:`run`; they may add :meth:`call_reasons` and
     :meth:`device_reasons`. ``reasons(call)`` must stay cheap and must never synchronise with the device: it runs
-    for every call that selects a kernel.
+    for every call that selects a kernel. One exception, paid once per mask tensor and not per call: a kernel that
+    converts pure float masks reads whether the mask is one (:func:`npu_port.attn.masks.float_mask_facts`, kept
+    for the tensor while it is unchanged).
     """
 
     name: ClassVar[str] = ""
@@ -209,15 +211,8 @@ class Kernel:
                     "torch.no_grad() or use a training kernel",
                 )
             )
-        if call.mask is not None and call.mask.bias is not None and not self.supports_float_mask:
-            found.append(
-                Reason(
-                    "mask",
-                    f"additive float mask: {self.name} takes only bool masks, and a float mask may carry a bias "
-                    "that a bool mask cannot express; pass a bool keep-mask, or convert a pure 0/-inf mask with "
-                    "npu_port.masks.keep_from_additive(mask)",
-                )
-            )
+        if call.mask is not None and call.mask.bias is not None:
+            found.extend(self.float_mask_reasons(call))
         if call.return_lse and not self.supports_lse:
             found.append(
                 Reason(
@@ -232,6 +227,27 @@ class Kernel:
     def call_reasons(self, call: AttentionCall) -> List[Reason]:
         """Kernel-specific reasons beyond the declared capabilities."""
         return []
+
+    def float_mask_reasons(self, call: AttentionCall) -> List[Reason]:
+        """Why this kernel cannot take ``call``'s additive float mask: none where ``supports_float_mask``. A kernel
+        that converts pure masks to its op's bool mask (the Ascend ops) overrides this to refuse only a real bias."""
+        if self.supports_float_mask:
+            return []
+        return [
+            Reason(
+                "mask",
+                f"additive float mask: {self.name} takes only bool masks, and a float mask may carry a bias "
+                "that a bool mask cannot express; pass a bool keep-mask, or convert a pure 0/-inf mask with "
+                "npu_port.masks.keep_from_additive(mask)",
+            )
+        ]
+
+    def reads_mask_values(self, device_type: str) -> bool:
+        """Whether, on ``device_type``, a float mask's values (is it a pure mask?) decide if this kernel takes a call
+        and what it passes on: then a router must tell calls apart by that, not by shapes alone (the Ascend
+        kernels; sdpa on an NPU). Asking costs one device synchronisation per mask tensor (kept: see
+        :func:`npu_port.attn.masks.float_mask_facts`)."""
+        return False
 
     def target_reasons(self, target: Target) -> List[Reason]:
         """Why the kernel cannot run on ``target`` at all (its chip lacks the op); the plan's stand-in for

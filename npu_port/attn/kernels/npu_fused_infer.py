@@ -3,12 +3,15 @@
 It unifies PromptFlashAttention (q_len > 1) and IncreFlashAttention (q_len == 1). Docs: float16 / bfloat16 only,
 head_dim up to 512 and a multiple of 16 when q_len > 1, up to 256 heads with a GQA ratio up to 64, no dropout, no
 backward, masks ``(B|1, 1, Sq, Skv)`` only (no per-head masks). With q_len == 1 the op ignores ``sparse_mode``, so a
-causal single-query call gets an explicit mask (top-left causal: that query sees key 0 only).
+causal single-query call gets an explicit mask (top-left causal: that query sees key 0 only). A pure float mask
+becomes the op's bool mask, and a key-padding mask (each batch item's kept keys a prefix) becomes
+``actual_seq_lengths_kv`` with no mask at all — with the compressed causal mask and ``sparse_mode=2`` when causal
+(see :mod:`._ascend`).
 """
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -16,13 +19,12 @@ from torch import Tensor
 from ...reasons import Reason
 from ..call import AttentionCall
 from ..registry import register_kernel
-from ..target import Target
 from . import _ascend
-from .base import Kernel, zero_fully_masked_rows
+from .base import zero_fully_masked_rows
 
 
 @register_kernel
-class NpuFusedInferKernel(Kernel):
+class NpuFusedInferKernel(_ascend.AscendKernel):
     """torch_npu.npu_fused_infer_attention_score (inference only) with SDPA semantics."""
 
     name = "npu_fused_infer"
@@ -30,26 +32,19 @@ class NpuFusedInferKernel(Kernel):
     priority = 70
     default_selection = True
     listing_order = 50
-    package = _ascend.PACKAGE
     device_types = ("npu",)
     dtypes = (torch.float16, torch.bfloat16)
     max_head_dim = 512
     supports_dropout = False
     supports_grad = False
-    supports_float_mask = False
     supports_lse = True  # softmax_lse_flag=True
-
-    def device_reasons(self) -> List[Reason]:
-        return _ascend.npu_device_reasons("npu_fused_infer_attention_score")
-
-    def fused(self, call: AttentionCall, target: Target) -> bool:
-        return True
-
-    def target_reasons(self, target: Target) -> List[Reason]:
-        return _ascend.chip_reasons(target.chip, "npu_fused_infer_attention_score")
+    op = "npu_fused_infer_attention_score"
+    pse_note = _ascend.FIA_PSE_NOTE
+    per_head_masks = False  # (B|1, 1, Sq, Skv) masks only
+    key_lengths = True  # actual_seq_lengths_kv
 
     def call_reasons(self, call: AttentionCall) -> List[Reason]:
-        op = "npu_fused_infer_attention_score"
+        op = self.op
         incremental = call.q_len == 1
         found = _ascend.limit_reasons(
             call,
@@ -88,17 +83,19 @@ class NpuFusedInferKernel(Kernel):
 
     def run_lse(self, call: AttentionCall) -> Tuple[Tensor, Tensor]:
         """``softmax_lse_flag=True``: the op's float32 ``(B, N, Sq, 1)`` log-sum-exp."""
-        out, lse = self._run(call, lse_flag=True)
-        return out, lse[..., 0]
+        out, lse, row_has_key = self._run(call, lse_flag=True)
+        return out, _ascend.no_key_lse(lse[..., 0], row_has_key)
 
-    def _run(self, call: AttentionCall, lse_flag: bool) -> Tuple[Tensor, Tensor]:
+    def _run(self, call: AttentionCall, lse_flag: bool) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
         torch_npu = self.package_status().module
-        atten_mask, row_has_key, sparse_mode = _ascend.ascend_mask(call, per_head=False)
+        mask = self.op_mask(call)
+        row_has_key, sparse_mode = mask.row_has_key, mask.sparse_mode
         out, lse = torch_npu.npu_fused_infer_attention_score(
             call.query.contiguous(),
             call.key.contiguous(),
             call.value.contiguous(),
-            atten_mask=atten_mask,
+            atten_mask=mask.atten_mask,
+            actual_seq_lengths_kv=None if mask.kv_lengths is None else list(mask.kv_lengths),
             num_heads=call.heads,
             num_key_value_heads=call.kv_heads,
             scale=call.scale,
@@ -109,4 +106,4 @@ class NpuFusedInferKernel(Kernel):
             inner_precise=0,
             **({"softmax_lse_flag": True} if lse_flag else {}),
         )
-        return zero_fully_masked_rows(out, row_has_key), lse
+        return zero_fully_masked_rows(out, row_has_key), lse, row_has_key

@@ -2,13 +2,15 @@
 
 Layout BNSD passes straight through (no transposes); grouped-query attention is native; dropout becomes
 ``keep_prob``; causal goes through the compressed mask and ``sparse_mode=2`` instead of being dropped, as diffusers'
-``_native_npu`` backend drops it. Docs: float16, bfloat16 and float32; head_dim 1..768 with Dk >= Dv; up to 256
-query heads; batch up to 2M; sequences up to 1M.
+``_native_npu`` backend drops it. A pure float mask becomes the op's bool mask (see :mod:`._ascend`); key padding
+stays a full ``(B, 1, Sq, Skv)`` mask here, since this op takes key lengths only in its TND (varlen) layout. Docs:
+float16, bfloat16 and float32; head_dim 1..768 with Dk >= Dv; up to 256 query heads; batch up to 2M; sequences up
+to 1M.
 """
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -16,13 +18,12 @@ from torch import Tensor
 from ...reasons import Reason
 from ..call import AttentionCall
 from ..registry import register_kernel
-from ..target import Target
 from . import _ascend
-from .base import Kernel, zero_fully_masked_rows
+from .base import zero_fully_masked_rows
 
 
 @register_kernel
-class NpuFusionKernel(Kernel):
+class NpuFusionKernel(_ascend.AscendKernel):
     """torch_npu.npu_fusion_attention (training + inference) with SDPA semantics."""
 
     name = "npu_fusion"
@@ -30,21 +31,14 @@ class NpuFusionKernel(Kernel):
     priority = 60
     default_selection = True
     listing_order = 40
-    package = _ascend.PACKAGE
     device_types = ("npu",)
     dtypes = (torch.float16, torch.bfloat16, torch.float32)
     max_head_dim = 768
-    supports_float_mask = False
     supports_lse = True  # softmax_max + log(softmax_sum), without gradients (the op's statistics are detached)
-
-    def device_reasons(self) -> List[Reason]:
-        return _ascend.npu_device_reasons("npu_fusion_attention")
-
-    def fused(self, call: AttentionCall, target: Target) -> bool:
-        return True
-
-    def target_reasons(self, target: Target) -> List[Reason]:
-        return _ascend.chip_reasons(target.chip, "npu_fusion_attention")
+    op = "npu_fusion_attention"
+    pse_note = _ascend.FUSION_PSE_NOTE
+    per_head_masks = True  # BNSS masks
+    key_lengths = False  # only in the TND (varlen) layout
 
     def call_reasons(self, call: AttentionCall) -> List[Reason]:
         found = _ascend.limit_reasons(
@@ -78,12 +72,14 @@ class NpuFusionKernel(Kernel):
     def run_lse(self, call: AttentionCall) -> Tuple[Tensor, Tensor]:
         """lse = softmax_max + log(softmax_sum): the op's statistics are float32 ``(B, N, Sq, 8)``, one value
         repeated over the last axis (the max of the scaled masked scores, the sum of ``exp(score - max)``)."""
-        out, softmax_max, softmax_sum = self._outputs(call)
-        return out, softmax_max[..., 0] + torch.log(softmax_sum[..., 0])
+        out, softmax_max, softmax_sum, row_has_key = self._outputs(call)
+        return out, _ascend.no_key_lse(softmax_max[..., 0] + torch.log(softmax_sum[..., 0]), row_has_key)
 
-    def _outputs(self, call: AttentionCall) -> Tuple[Tensor, Tensor, Tensor]:
+    def _outputs(self, call: AttentionCall) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+        """The output (rows with no key zeroed), the op's softmax statistics, and the rows that have a key."""
         torch_npu = self.package_status().module
-        atten_mask, row_has_key, sparse_mode = _ascend.ascend_mask(call, per_head=True)
+        mask = self.op_mask(call)
+        atten_mask, row_has_key, sparse_mode = mask.atten_mask, mask.row_has_key, mask.sparse_mode
         outputs = torch_npu.npu_fusion_attention(
             call.query.contiguous(),
             call.key.contiguous(),
@@ -97,4 +93,4 @@ class NpuFusionKernel(Kernel):
             next_tockens=_ascend.NO_BAND_LIMIT,
             sparse_mode=sparse_mode,
         )
-        return zero_fully_masked_rows(outputs[0], row_has_key), outputs[1], outputs[2]
+        return zero_fully_masked_rows(outputs[0], row_has_key), outputs[1], outputs[2], row_has_key

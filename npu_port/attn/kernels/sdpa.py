@@ -5,6 +5,11 @@ query row whose keys are all masked (pytorch#103749, #109517; unsloth PR #9848 o
 calling it, rows with no key get all keys back and afterwards those rows are set to zero: the same answer on every
 backend, finite gradients, no host synchronisation. Backends can be pinned with the ``backends`` option, through
 ``torch.nn.attention.sdpa_kernel`` — never the deprecated ``torch.backends.cuda.sdp_kernel``.
+
+On an Ascend NPU, torch_npu's SDPA runs FlashAttentionScore only for a bool mask or none; a float mask sends the call
+to its math path, which builds the whole score matrix. So there a float mask that is a pure mask (0 and masked
+values) is handed over as the bool mask it is, converted once per mask tensor and call signature
+(:func:`npu_port.attn.masks.memoized`); :meth:`SdpaKernel.fused` says which calls then reach the fused op.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from torch import Tensor
 
 from ...errors import KernelRuntimeError
 from ...reasons import Reason
-from ...settings import InvalidSetting
+from ...settings import InvalidSetting, check_masked_value
 from ..call import AttentionCall
+from ..masks import causal_keep, float_mask_facts, mask_keep, memoized
 from ..registry import register_kernel
+from ..target import Target
 from .base import FromStrategy, Kernel, Option, full_score_bytes, unmask_empty_rows, zero_fully_masked_rows
 
 #: Our backend names -> ``torch.nn.attention.SDPBackend`` member names.
@@ -69,21 +76,48 @@ TORCH_VERSION = _torch_version()
 SUPPORTS_ENABLE_GQA = TORCH_VERSION >= (2, 5)
 
 
-def sdpa_mask(call: AttentionCall) -> Tuple[Optional[Tensor], Optional[Tensor], bool]:
+#: Device types whose SDPA takes its fused path only with a bool mask (torch_npu: a float mask goes to the math
+#: path, op-plugin's ScaledDotProductAttentionKernelNpuOpApi.cpp): there a pure float mask is passed as bool.
+CONVERT_ON: Tuple[str, ...] = ("npu",)
+
+#: torch_npu's limits for SDPA's fused path (FlashAttentionScore), op-plugin's ScaledDotProductAttentionKernelNpuOpApi
+#: ``N_LIMIT`` and ``D_LIMIT``.
+NPU_MAX_HEADS = 2048
+NPU_MAX_HEAD_DIM = 512
+
+
+def sdpa_mask(
+    call: AttentionCall, masked_value: Optional[float] = None, convert: bool = False
+) -> Tuple[Optional[Tensor], Optional[Tensor], bool]:
     """The mask to hand to SDPA, the rows to zero afterwards, and whether to pass ``is_causal``.
 
     Without a mask, causality stays SDPA's ``is_causal`` (so fused kernels can use it). With a mask, causality is
-    folded into it, empty rows are unmasked, and a float mask keeps its bias with ``-inf`` where masked.
+    folded into it and empty rows are unmasked; entries equal to ``masked_value`` count as masked. A bool mask
+    (or, with ``convert``, a pure float mask that needs no gradient) goes as a bool keep-mask, built once per mask
+    tensor and call signature; a float mask otherwise keeps its bias, with ``-inf`` where masked.
     """
-    if call.mask is None:
+    mask = call.mask
+    if mask is None:
         return None, None, call.is_causal
-    keep = call.keep_mask()
-    safe_keep, row_has_key = unmask_empty_rows(keep)
-    if call.mask.bias is None:
+    as_bool = mask.bias is None
+    if not as_bool and convert and not (call.needs_grad and mask.bias.requires_grad):
+        as_bool = float_mask_facts(mask, masked_value).pure
+    if as_bool:
+        signature = ("sdpa", masked_value, call.is_causal, call.q_len, call.key_len)
+        safe_keep, row_has_key = memoized(mask, signature, lambda: unmask_empty_rows(_keep(call, masked_value)))
         return safe_keep, row_has_key, False
-    bias = call.mask.bias.to(call.dtype)
+    keep = _keep(call, masked_value)
+    _, row_has_key = unmask_empty_rows(keep)
+    bias = mask.bias.to(call.dtype)
     bias = bias.masked_fill(~keep, float("-inf")).masked_fill(~row_has_key, 0.0)
     return bias, row_has_key, False
+
+
+def _keep(call: AttentionCall, masked_value: Optional[float]) -> Tensor:
+    keep = mask_keep(call.mask, masked_value)
+    if call.is_causal:
+        keep = keep & causal_keep(call.q_len, call.key_len, call.device)[None, None]
+    return keep
 
 
 @register_kernel
@@ -96,7 +130,7 @@ class SdpaKernel(Kernel):
     default_selection = True
     listing_order = 20
     supports_lse = True  # on cpu only, without dropout or gradients: see lse_reasons
-    STRATEGY_OPTIONS = {"backends": FromStrategy("sdpa_backends")}
+    STRATEGY_OPTIONS = {"backends": FromStrategy("sdpa_backends"), "masked_value": FromStrategy("masked_value")}
     #: torch's CPU flash kernel treats a row whose scores are all NaN as empty and writes zeros (a NaN query row, a
     #: head whose keys are all NaN); every other NaN it reads it passes on. (Under is_causal with fewer queries than
     #: keys it never reads the keys past the last query: the router does not rely on this flag there.)
@@ -108,6 +142,12 @@ class SdpaKernel(Kernel):
             _check_backends,
             "pin SDPA to these backends via torch.nn.attention.sdpa_kernel: " + ", ".join(BACKENDS),
             tuple(BACKENDS),
+        ),
+        "masked_value": Option(
+            None,
+            check_masked_value,
+            "an additive mask value that counts as masked, exactly (e.g. diffusers' -10000.0); on an NPU, float masks "
+            "holding only 0 and masked values go to SDPA as bool masks (its fused path)",
         ),
     }
 
@@ -217,8 +257,49 @@ class SdpaKernel(Kernel):
             **kwargs,
         )
 
+    def reads_mask_values(self, device_type: str) -> bool:
+        return device_type in CONVERT_ON
+
+    def fused(self, call: AttentionCall, target: Target) -> bool:
+        """Whether torch_npu's SDPA runs ``call`` as FlashAttentionScore (``npu_fusion_attention``) rather than its
+        math path, by op-plugin's rules (``ScaledDotProductAttentionKernelNpuOpApi.cpp``; research notes
+        ascend_2026-11.md section 2.3), each checked here:
+
+        - the target is an NPU whose chip has the op (``GetSocVersion() >= Ascend910B1``; 910A and 310P fall
+          through to math);
+        - the mask is bool or absent once this kernel has converted it (a pure float mask becomes bool here; a
+          bias stays float: ``attn_mask->dtype() == at::kBool || !attn_mask.has_value()``);
+        - query, key and value are 4-D BNSD (``dim == BNSD_DIM``): this kernel always passes the call's 4-D
+          ``(B, H, S, D)`` tensors;
+        - query and key heads <= 2048 (``N_LIMIT``), query head dim <= 512 (``D_LIMIT``), query heads a multiple of
+          key heads (``query.size(1) % key.size(1) == 0``: grouped-query attention needs no ``enable_gqa`` there);
+        - dtype float16, bfloat16 or float32, and float32 only with every head dim a multiple of 4 (otherwise
+          ``_scaled_dot_product_attention_math``).
+
+        Not visible to a plan: ``torch_npu.npu.use_compatible_impl(True)`` (off by default) also sends head dims
+        over 256, and a math-only ``sdpa_kernel`` pin, to the math path."""
+        if target.device_type != "npu" or target.chip is None or not target.chip.fused_attention:
+            return False
+        if call.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            return False
+        if call.dtype == torch.float32 and (call.head_dim % 4 or call.value_dim % 4):
+            return False
+        if max(call.heads, call.kv_heads) > NPU_MAX_HEADS or call.head_dim > NPU_MAX_HEAD_DIM:
+            return False
+        if call.heads % call.kv_heads:
+            return False
+        mask = call.mask
+        if mask is not None and mask.bias is not None:
+            if call.needs_grad and mask.bias.requires_grad:
+                return False
+            return float_mask_facts(mask, self._options["masked_value"]).pure
+        return True
+
+    def _mask(self, call: AttentionCall) -> Tuple[Optional[Tensor], Optional[Tensor], bool]:
+        return sdpa_mask(call, self._options["masked_value"], convert=call.device.type in CONVERT_ON)
+
     def run(self, call: AttentionCall) -> Tensor:
-        mask, row_has_key, is_causal = sdpa_mask(call)
+        mask, row_has_key, is_causal = self._mask(call)
         key, value, gqa = call.key, call.value, call.group > 1
         kwargs = {}
         if gqa and SUPPORTS_ENABLE_GQA:
@@ -251,7 +332,7 @@ class SdpaKernel(Kernel):
     def run_lse(self, call: AttentionCall) -> Tuple[Tensor, Tensor]:
         """The CPU flash kernel's ``(output, logsumexp)``: key/value heads expanded for grouped-query attention (the
         op has no ``enable_gqa``), masks as for :meth:`run`. Rows given their keys back are -inf in the contract."""
-        mask, row_has_key, is_causal = sdpa_mask(call)
+        mask, row_has_key, is_causal = self._mask(call)
         if mask is not None and mask.dtype == torch.bool:  # the op takes additive masks in the query's dtype only
             mask = torch.zeros(mask.shape, dtype=call.dtype, device=call.device).masked_fill_(~mask, float("-inf"))
         key, value = call.key, call.value
@@ -261,4 +342,6 @@ class SdpaKernel(Kernel):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             call.query, key, value, 0.0, is_causal, attn_mask=mask, scale=call.scale
         )
+        if row_has_key is not None:  # rows with no key (a declared masked_value too) are -inf, as the contract says
+            lse = lse.masked_fill(~row_has_key[..., 0], float("-inf"))
         return zero_fully_masked_rows(out, row_has_key), lse
