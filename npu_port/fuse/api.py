@@ -224,16 +224,18 @@ def fuse_ops(model: Any, ops: Sequence[str], *, strict: bool = False) -> FuseHan
     except BaseException:
         handle.restore()
         raise
-    _warn_refused(handle, plans)
+    _warn_refused(handle)
     return handle
 
 
-def _warn_refused(handle: FuseHandle, plans: Sequence[OpPlan]) -> None:
-    """One warning for the ops refused outright, or that found sites but could fuse none of them."""
+def _warn_refused(handle: FuseHandle) -> None:
+    """One warning for the ops refused outright, or that found places to fuse but could fuse none of them."""
+    fused = handle.counts()
     lines = []
-    for plan in plans:
-        if any(r.scope == "op" for r in plan.refusals) or (plan.refusals and not plan.sites):
-            lines += [f"  - {refusal}" for refusal in plan.refusals]
+    for op in handle.ops:
+        refusals = [r for r in handle.refused if r.op == op]
+        if any(r.scope == "op" for r in refusals) or (refusals and not fused[op]):
+            lines += [f"  - {refusal}" for refusal in refusals]
     if lines:
         warnings.warn(
             "npu-port fuse_ops: not fused (handle.explain() has the rest):\n" + "\n".join(lines),
