@@ -85,6 +85,17 @@ def _limits(d: int, mode: str, batch: int, heads: int) -> Optional[str]:
     return None
 
 
+def _pair_reason(pair: Any, expected: Tuple[int, ...], form: str) -> Optional[str]:
+    """None when ``pair`` is (cos, sin), each of shape ``expected``; else why not."""
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        return "the rotary tables are not a (cos, sin) pair"
+    for table in pair:
+        if not isinstance(table, torch.Tensor) or tuple(table.shape) != expected:
+            shape = tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__
+            return f"cos/sin of shape {shape}, not {form} = {expected}"
+    return None
+
+
 def _rotary_mul(torch_npu: Any, x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, mode: str) -> torch.Tensor:
     return torch_npu.npu_rotary_mul(x.float().contiguous(), r1, r2, rotary_mode=mode).to(x.dtype)
 
@@ -109,15 +120,10 @@ def _shared_site(where: str, torch_npu: Any) -> Tuple[Site, Any]:
             return why
         if x.dim() != 4:
             return f"{x.dim()}-D input: npu_rotary_mul takes 4-D"
-        expected = (x.shape[sequence_dim], x.shape[-1])
-        if not isinstance(freqs_cis, (tuple, list)) or len(freqs_cis) != 2:
-            return "freqs_cis is not a (cos, sin) pair"
-        for table in freqs_cis:
-            if not isinstance(table, torch.Tensor) or tuple(table.shape) != expected:
-                shape = tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__
-                return f"cos/sin of shape {shape}, not (S, D) = {expected}"
         heads = x.shape[1] if sequence_dim == 2 else x.shape[2]
-        return _limits(x.shape[-1], mode, x.shape[0], heads)
+        return _pair_reason(freqs_cis, (x.shape[sequence_dim], x.shape[-1]), "(S, D)") or _limits(
+            x.shape[-1], mode, x.shape[0], heads
+        )
 
     def fused(
         x: torch.Tensor, freqs_cis: Any, use_real: bool = True, use_real_unbind_dim: int = -1, sequence_dim: int = 2
@@ -178,14 +184,9 @@ def _wan_site(where: str, module: nn.Module, processor_class: type, torch_npu: A
             if why is not None:
                 return why
             heads, d = module.heads, module.inner_dim // module.heads
-            expected = (1, hidden.shape[1], 1, d)
-            if not isinstance(rotary, (tuple, list)) or len(rotary) != 2:
-                return "rotary_emb is not a (cos, sin) pair"
-            for table in rotary:
-                if not isinstance(table, torch.Tensor) or tuple(table.shape) != expected:
-                    shape = tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__
-                    return f"cos/sin of shape {shape}, not 1S1D {expected}"
-            return _limits(d, "interleave", hidden.shape[0], heads)
+            return _pair_reason(rotary, (1, hidden.shape[1], 1, d), "1S1D") or _limits(
+                d, "interleave", hidden.shape[0], heads
+            )
 
         def fused(*args: Any, **kwargs: Any) -> torch.Tensor:
             bound = signature.bind(*args, **kwargs)

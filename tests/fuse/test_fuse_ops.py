@@ -426,3 +426,57 @@ def test_perturbations_inside_the_tolerance_pass_and_twice_outside_fail(dtype, s
     assert compare(inside, ref)[0] is None  # rounding to dtype moves it half an ulp: inside the last tenth
     outside = (ref.double() + 3 * bound).to(dtype)
     assert compare(outside, ref)[0] is not None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Wan's RoPE: placed through its attention module, only while the processor is Wan's own
+
+
+def _wan_attention():
+    from diffusers.models.transformers.transformer_wan import WanAttention, WanAttnProcessor
+
+    torch.manual_seed(0)
+    attn = WanAttention(dim=32, heads=2, dim_head=16, processor=WanAttnProcessor())
+    angles = torch.arange(6.0)[:, None] * torch.linspace(0.1, 1.0, 8)
+    tables = tuple(t.repeat_interleave(2, -1).view(1, 6, 1, 16) for t in (angles.cos(), angles.sin()))
+    return attn, _x(1, 6, 32), tables
+
+
+def test_wan_rope_runs_the_original_once_the_processor_is_not_wans_own(npu):
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    class MyProcessor(WanAttnProcessor):
+        pass
+
+    attn, hidden, tables = _wan_attention()
+    with npu_port.fuse_ops(attn, ops=["rope"]) as handle:
+        attn.set_processor(MyProcessor())
+        expected = MyProcessor()(attn, hidden, None, None, tables)
+        assert torch.equal(attn(hidden, None, None, tables), expected)
+        assert dict(handle.sites[0].fallbacks) == {"processor is MyProcessor, not Wan's own: its RoPE is not known": 1}
+
+
+def test_wan_rope_refuses_itself_if_the_processor_stops_normalising_q_and_k_once_each(npu, monkeypatch):
+    """Where the rotation is placed depends on Wan's processor calling norm_q and norm_k once: if a diffusers
+    release changes that, the first-call check catches it and the original stays."""
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    call = WanAttnProcessor.__call__
+
+    def normalises_q_twice(self, attn, hidden_states, *args, **kwargs):
+        attn.norm_q(attn.to_q(hidden_states))
+        return call(self, attn, hidden_states, *args, **kwargs)
+
+    monkeypatch.setattr(WanAttnProcessor, "__call__", normalises_q_twice)
+    attn, hidden, tables = _wan_attention()
+    handle = npu_port.fuse_ops(attn, ops=["rope"])
+    with pytest.warns(FuseWarning):
+        attn(hidden, None, None, tables)
+    (site,) = handle.sites
+    assert site.reason.code == "check-error"
+    assert str(site.reason) == (
+        "first-call check failed: the fused op raised RuntimeError: npu-port rope at WanAttention: expected norm_q "
+        "and norm_k to run once each, saw 3 norm calls; Wan's processor changed — fuse_ops cannot place the rotation"
+    )
+    assert _forward_is_the_class_one(attn)
+    handle.restore()
