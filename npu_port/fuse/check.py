@@ -202,6 +202,14 @@ class FusedCall:
     def __signature__(self) -> inspect.Signature:
         return inspect.signature(self.original)
 
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        """A deep copy of a fused module (an EMA copy, ``copy.deepcopy(pipe.transformer)``) gets the original forward,
+        bound to the copy: our closures hold the fused module itself, and the copy's patch would be one nobody
+        restores."""
+        import copy
+
+        return copy.deepcopy(self.original, memo)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         site = self.site
         if site.state == "refused":

@@ -168,6 +168,7 @@ def _wan_r1_r2(cos: torch.Tensor, sin: torch.Tensor, device: torch.device) -> Tu
 
 def _wan_site(where: str, module: nn.Module, processor_class: type, torch_npu: Any) -> ModuleSite:
     site = Site(OP, where, "torch_npu.npu_rotary_mul (interleave; Wan's RoPE)")
+    lock = threading.Lock()  # the hooks live on shared norm modules for one call: one call at a time per module
 
     def build(original: Any) -> FusedCall:
         signature = inspect.signature(original)
@@ -201,12 +202,13 @@ def _wan_site(where: str, module: nn.Module, processor_class: type, torch_npu: A
                 x = output.unflatten(2, (module.heads, -1))  # (B, S, H, D): what Wan rotates
                 return _rotary_mul(torch_npu, x, r1, r2, "interleave").flatten(2)
 
-            hooks = [module.norm_q.register_forward_hook(rotate), module.norm_k.register_forward_hook(rotate)]
-            try:
-                out = original(*bound.args, **bound.kwargs)
-            finally:
-                for hook in hooks:
-                    hook.remove()
+            with lock:
+                hooks = [module.norm_q.register_forward_hook(rotate), module.norm_k.register_forward_hook(rotate)]
+                try:
+                    out = original(*bound.args, **bound.kwargs)
+                finally:
+                    for hook in hooks:
+                        hook.remove()
             if len(rotated) != 2:  # the processor no longer normalises q and k once each: its RoPE would be wrong
                 raise RuntimeError(
                     f"npu-port rope at {where}: expected norm_q and norm_k to run once each, saw {len(rotated)} "

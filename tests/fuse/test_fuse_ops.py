@@ -480,3 +480,17 @@ def test_wan_rope_refuses_itself_if_the_processor_stops_normalising_q_and_k_once
     )
     assert _forward_is_the_class_one(attn)
     handle.restore()
+
+
+def test_a_deep_copy_of_a_fused_module_is_the_original_on_its_own_weights(npu):
+    import copy
+
+    norm = Norms().diffusers_norm
+    with npu_port.fuse_ops(norm, ops=["rms_norm"]):
+        clone = copy.deepcopy(norm)
+    with torch.no_grad():
+        clone.weight.mul_(2)
+    x = _x(2, 16)
+    assert vars(clone)["forward"].__self__ is clone and vars(clone)["forward"].__func__ is RMSNorm.forward
+    assert torch.equal(clone(x), RMSNorm.forward(clone, x))
+    assert not torch.equal(clone(x), norm(x))

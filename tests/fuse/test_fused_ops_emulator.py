@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 from tests import torch_npu_docs
 from tests.emulators import torch_npu_emulator
@@ -267,3 +268,51 @@ def test_geglu_tanh_and_erf_differ_so_the_gelu_check_can_fail():
 def test_geglu_refuses_what_the_docs_rule_out(x, kwargs, message):
     with pytest.raises(NpuContractError, match=re.escape(message)):
         emu.npu_geglu(x, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the MindIE-SD fake (tests/fakes/mindiesd_fake.py): layernorm_scale_shift as documented
+
+
+@pytest.mark.parametrize("affine", [False, True])
+@pytest.mark.parametrize("scale_shape", [(2, 16), (2, 1, 16)])
+def test_layernorm_scale_shift_is_the_documented_formula(affine, scale_shape):
+    """``out = layernorm(x) * (1 + scale) + shift``: its fused path equals MindIE-SD's own unfused path."""
+    from tests.fakes import mindiesd_fake
+
+    norm = nn.LayerNorm(16, eps=1e-6, elementwise_affine=affine).double()
+    if affine:
+        with torch.no_grad():
+            norm.weight.copy_(torch.linspace(0.5, 1.5, 16))
+            norm.bias.copy_(torch.linspace(-1, 1, 16))
+    x, scale, shift = (
+        torch.randn(2, 5, 16).double(),
+        torch.randn(scale_shape).double(),
+        torch.randn(scale_shape).double(),
+    )
+    fused = mindiesd_fake.layernorm_scale_shift(norm, x, scale, shift, fused=True)
+    unfused = mindiesd_fake.layernorm_scale_shift(norm, x, scale, shift, fused=False)
+    by_hand = norm(x) * (1 + scale.view(2, 1, 16)) + shift.view(2, 1, 16)
+    torch.testing.assert_close(fused, by_hand, atol=1e-12, rtol=0)
+    torch.testing.assert_close(unfused, by_hand, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "x_shape, scale_shape, message",
+    [
+        ((2, 16), (2, 16), "The dimensional of input x must be a 3, but got 2."),
+        ((2, 5, 16), (2, 3, 16), "If scale is a 3D tensor, the second dimension must be 1, but got 3."),
+        ((2, 5, 16), (2, 8), "The last dimensions of x, scale and shift must be equal, got 16, 8, 8."),
+    ],
+)
+def test_layernorm_scale_shift_checks_what_mindiesd_checks(x_shape, scale_shape, message):
+    from tests.fakes import mindiesd_fake
+
+    with pytest.raises(mindiesd_fake.ParametersInvalid, match=re.escape(message)):
+        mindiesd_fake.layernorm_scale_shift(
+            nn.LayerNorm(16), torch.randn(x_shape), torch.randn(scale_shape), torch.randn(scale_shape)
+        )
+    with pytest.raises(mindiesd_fake.ParametersInvalid, match="layernorm must be torch.nn.LayerNorm"):
+        mindiesd_fake.layernorm_scale_shift(
+            nn.RMSNorm(16), torch.randn(2, 5, 16), torch.randn(2, 16), torch.randn(2, 16)
+        )
