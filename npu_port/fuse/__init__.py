@@ -12,10 +12,11 @@ first call (same inputs, a tolerance per dtype, NaN never within it); a mismatch
 place and the handle says why (:mod:`.check`). A call the op's documented limits rule out (a 3-D tensor for
 ``npu_rotary_mul``, a CPU tensor, float64) runs the original and is counted with its reason.
 
-Layout: :mod:`.api` (``fuse_ops`` and its handle), :mod:`.check` (the first-call check and the per-site record),
-:mod:`.backend` (torch_npu / mindiesd, the device rule), one module per op family (:mod:`.norms`, :mod:`.rope`,
-:mod:`.geglu`, :mod:`.adaln`). Importing this package imports neither torch nor diffusers: it only registers the
-applier of the strategy key ``fuse_ops`` (:mod:`npu_port.strategy.appliers`), which loads the rest on first use.
+Layout: :mod:`.api` (``fuse_ops`` and its handle), :mod:`.plan` (what a planner finds: sites, refusals, notes),
+:mod:`.check` (the first-call check and the per-site record), :mod:`.backend` (torch_npu / mindiesd, the device rule),
+one planner per op family (:mod:`.norms`, :mod:`.rope`, :mod:`.geglu`, :mod:`.adaln`). Importing this package
+imports neither torch nor diffusers: it only registers the applier of the strategy key ``fuse_ops``
+(:mod:`npu_port.strategy.appliers`), which loads the rest on first use.
 """
 
 from __future__ import annotations
