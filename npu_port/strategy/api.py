@@ -170,10 +170,10 @@ def set_attention_strategy(strategy: Any = "auto", target: Any = None, **options
     handle = StrategyHandle(spec, router, target)
     if target is None:
         handle.notes = STATE.activate(handle)
-        if spec.fuse_ops:
+        if handle.strategy.fuse_ops:
             handle.notes.append(
-                f"fuse_ops ({', '.join(spec.fuse_ops)}) change a model: apply the strategy with target=model or "
-                "pipeline (nothing was fused process-wide)"
+                f"fuse_ops ({', '.join(handle.strategy.fuse_ops)}) change a model: apply the strategy with "
+                "target=model or pipeline (nothing was fused process-wide)"
             )
     else:
         handle.applied = applier_for(target).apply(target, router)
