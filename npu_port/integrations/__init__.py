@@ -31,7 +31,7 @@ def _apply_to_diffusers_target(
 DIFFUSERS_APPLIER = register_target_applier("diffusers", _apply_to_diffusers_target)
 
 
-def _is_transformers_model(target: Any) -> bool:
+def is_transformers_model(target: Any) -> bool:
     """A transformers ``PreTrainedModel``: told from ``sys.modules`` (a model exists only once transformers was
     imported), so asking costs no import."""
     import sys
@@ -53,5 +53,5 @@ def _apply_to_transformers_target(
 #: ``set_attention_strategy(target=text_encoder)``: a transformers model routed through transformers' own attention
 #: interface (:mod:`.transformers_attention`).
 TRANSFORMERS_APPLIER = register_target_applier(
-    "transformers", _apply_to_transformers_target, accepts=_is_transformers_model
+    "transformers", _apply_to_transformers_target, accepts=is_transformers_model
 )

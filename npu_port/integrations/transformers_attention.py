@@ -25,7 +25,6 @@ text_encoder_2, ...), and a bare ``PreTrainedModel`` target reaches it through i
 
 from __future__ import annotations
 
-import sys
 import threading
 import weakref
 from collections import Counter
@@ -36,6 +35,7 @@ from torch import Tensor
 
 from ..errors import NpuPortError
 from ..weak import weak
+from . import is_transformers_model
 from .diffusers.routing import AttentionFn, Route, Tally, current_route, install_route_hooks
 
 #: The name in transformers' AttentionInterface (``config._attn_implementation``).
@@ -220,12 +220,6 @@ def held_configs() -> int:
         return len(_CONFIGS)
 
 
-def is_transformers_model(target: Any) -> bool:
-    """A transformers ``PreTrainedModel``, told without importing transformers (a loaded one was imported)."""
-    module = sys.modules.get("transformers.modeling_utils")
-    return module is not None and isinstance(target, module.PreTrainedModel)
-
-
 def _configs(model: Any) -> List[Any]:
     """Every config the model's attention may read: each sub-model's and, recursively, their ``sub_configs``."""
     found: Dict[int, Any] = {}
@@ -308,7 +302,9 @@ class AppliedTransformers:
         if self.tally.calls.get(PATH):
             lines.append(f"  transformers attention calls routed: {self.tally.calls[PATH]}")
         if self.own_code:
-            lines.append(f"  not routed (attention in their own code, not AttentionInterface): {', '.join(self.own_code)}")
+            lines.append(
+                f"  not routed (attention in their own code, not AttentionInterface): {', '.join(self.own_code)}"
+            )
         if self.left_alone:
             lines.append(f"  implementation changed since, kept on restore: {', '.join(self.left_alone)}")
         return "\n".join(lines)

@@ -33,7 +33,6 @@ from .patches import PatchLease
 from .processor import RoutedAttnProcessor
 from .routing import AttentionFn, Route, install_route_hooks
 from .scores import diffusers_scores
-from ..transformers_attention import apply_to_transformers, text_models
 from .targets import attention_modules, components, describe_type, is_pipeline
 from .watch import watch
 
@@ -183,6 +182,8 @@ def apply_to_target(
     Returns an :class:`~.applied.AppliedAttention` (what changed, call counts, ``restore()``). If anything fails
     part-way, what was already changed is undone and the error propagates.
     """
+    from ..transformers_attention import apply_to_transformers, text_models  # it imports .routing: not at the top
+
     _check_arguments(attention_fn, processor_factory)
     api = classes.load()
     text = text_models(components(target, api)) if processor_factory is None and is_pipeline(target, api) else []
