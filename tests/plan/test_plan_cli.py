@@ -82,11 +82,9 @@ def test_the_text_plan_of_each_tiny_pipeline(model, model_cache, capsys):
     for row, signature in zip(rows, data["signatures"]):
         cells = row.split()
         assert cells[1] == str(signature["count"]) and cells[2] == "x".join(map(str, signature["shapes"]["query"]))
-        assert cells[-5:-2] == [
-            "yes" if signature["routed"] else "no",
-            signature["kernel"],
-            "yes" if signature["fused"] else "no",
-        ]
+        kernel = (signature["kernel"] or "none can run it").split()  # a T5 bias refused by the Ascend kernels
+        expected = ["yes" if signature["routed"] else "no", *kernel, "yes" if signature["fused"] else "no"]
+        assert cells[-2 - len(expected) : -2] == expected
     assert lines[-1] == data["summary"]
 
 
