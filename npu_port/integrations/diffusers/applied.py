@@ -188,6 +188,8 @@ class AppliedAttention:
         self._undo_processors: List[ProcessorLayer] = []
         self._unwatch: List[Callable[[], None]] = []
         self._finalizers: List[weakref.finalize] = []
+        #: a pipeline's transformers components, routed through transformers' AttentionInterface (restored with this)
+        self.text: Any = None
 
     @property
     def target(self) -> Any:
@@ -287,6 +289,8 @@ class AppliedAttention:
             lines.append(f"  attention calls routed: {self.total_calls} ({paths})")
         for reason, number in sorted(self.tally.declined.items()):
             lines.append(f"  left to diffusers: {number} x {reason}")
+        if self.text is not None:
+            lines += [f"  {line}" for line in self.text.describe().splitlines()]
         if self.left_alone:
             changed_count = len(self.left_alone)
             lines.append(
@@ -344,6 +348,11 @@ class AppliedAttention:
         self._undo_processors.clear()
         if routing.lease is not None:
             routing.lease.release()
+        if self.text is not None:
+            try:
+                self.text.restore()
+            except Exception as exc:  # pragma: no cover - restoring configs does not fail
+                first_error = first_error or exc
         if first_error is not None:
             raise first_error
 

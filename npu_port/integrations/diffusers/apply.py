@@ -33,7 +33,7 @@ from .patches import PatchLease
 from .processor import RoutedAttnProcessor
 from .routing import AttentionFn, Route, install_route_hooks
 from .scores import diffusers_scores
-from .targets import attention_modules, describe_type
+from .targets import attention_modules, components, describe_type, is_pipeline
 from .watch import watch
 
 ATTENTION_FN_SIGNATURE = (
@@ -168,7 +168,9 @@ def apply_to_target(
 
     ``target``: a diffusers model (``ModelMixin``), a ``DiffusionPipeline`` (each ``torch.nn.Module`` component), or
     a ``torch.nn.Module`` containing diffusers ``Attention`` / ``AttentionModuleMixin`` modules; anything else raises
-    :class:`TypeError`, and a target without diffusers attention raises :class:`ValueError`.
+    :class:`TypeError`, and a target without diffusers attention raises :class:`ValueError`. A pipeline's
+    transformers components (text encoders) are routed too, through transformers' attention interface
+    (:mod:`npu_port.integrations.transformers_attention`), and restored with the rest.
 
     ``attention_fn(query, key, value, attn_mask=None, *, dropout_p=0.0, is_causal=False, scale=None,
     enable_gqa=False)``: exactly ``torch.nn.functional.scaled_dot_product_attention``'s semantics, ``(B, H, S, D)``
@@ -180,15 +182,20 @@ def apply_to_target(
     Returns an :class:`~.applied.AppliedAttention` (what changed, call counts, ``restore()``). If anything fails
     part-way, what was already changed is undone and the error propagates.
     """
+    from ..transformers_attention import apply_to_transformers, text_models  # it imports .routing: not at the top
+
     _check_arguments(attention_fn, processor_factory)
     api = classes.load()
-    found = attention_modules(target, api)
+    text = text_models(components(target, api)) if processor_factory is None and is_pipeline(target, api) else []
+    found = attention_modules(target, api, allow_none=bool(text))
     applied = AppliedAttention(target)
     try:
         if processor_factory is not None:
             _install_custom(applied, found, processor_factory)
         else:
             _install_routing(applied, found, attention_fn, api)  # type: ignore[arg-type]
+            if text:  # the pipeline's transformers components: routed through transformers' AttentionInterface
+                applied.text = apply_to_transformers(target, attention_fn, models=text, tally=applied.tally)
     except BaseException:
         applied.restore()
         raise

@@ -1,7 +1,8 @@
 """What a target is, and which attention modules it holds (with the names ``explain`` shows).
 
 A target is a diffusers model, a pipeline (every ``torch.nn.Module`` component: unet, transformer, vae, controlnet,
-text encoders — the last hold no diffusers attention and are passed over), or any ``torch.nn.Module`` that contains
+text encoders — the last hold no diffusers attention: the applier routes them through transformers' attention
+interface instead), or any ``torch.nn.Module`` that contains
 diffusers attention modules. "Attention module" means what diffusers itself routes through a processor:
 ``diffusers.models.attention_processor.Attention`` and subclasses of the newer ``AttentionModuleMixin``
 (``FluxAttention`` and friends). Anything else is refused with an error that says what is accepted, because a
@@ -64,13 +65,17 @@ def components(target: Any, api: DiffusersClasses) -> List[Tuple[str, nn.Module]
     raise TypeError(f"apply_to_target expects {ACCEPTED}; got {describe_type(target)}")
 
 
-def attention_modules(target: Any, api: DiffusersClasses) -> List[Tuple[str, nn.Module]]:
+def attention_modules(target: Any, api: DiffusersClasses, allow_none: bool = False) -> List[Tuple[str, nn.Module]]:
     """Every diffusers attention module in ``target`` as ``(qualified name, module)``, each module once.
 
     Raises :class:`TypeError` for a target that is not a module or pipeline, and :class:`ValueError` when it holds
-    no diffusers attention module (or diffusers is older than 0.12 and has none at all: the message says so).
+    no diffusers attention module (or diffusers is older than 0.12 and has none at all: the message says so), unless
+    ``allow_none`` (a pipeline whose text encoders have attention to route).
     """
     kinds = api.attention_module_classes
+    if not kinds and allow_none:
+        components(target, api)
+        return []
     if not kinds:
         components(target, api)  # a target of the wrong kind is a TypeError whatever the version
         raise ValueError(no_attention_message(target, api))
@@ -81,6 +86,6 @@ def attention_modules(target: Any, api: DiffusersClasses) -> List[Tuple[str, nn.
             if isinstance(module, kinds) and id(module) not in seen:
                 seen.add(id(module))
                 found.append((".".join(part for part in (prefix, name) if part), module))
-    if not found:
+    if not found and not allow_none:
         raise ValueError(no_attention_message(target, api))
     return found
