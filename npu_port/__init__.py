@@ -17,8 +17,9 @@ import importlib
 import warnings
 from typing import Any, Dict, List
 
-# Registers the integrations' target appliers, so set_attention_strategy(target=model) always works; imports no torch
-# and no diffusers (see npu_port.strategy.appliers).
+# Register the integrations' target appliers (so set_attention_strategy(target=model) always works) and the applier of
+# a strategy's fuse_ops key (npu_port.fuse); neither imports torch or diffusers (see npu_port.strategy.appliers).
+from . import fuse as _fuse  # noqa: F401
 from . import integrations as _integrations  # noqa: F401
 
 #: The public API: name -> the module that defines it (imported when the name is first used; ``masks`` is a module,
@@ -39,6 +40,7 @@ _PUBLIC: Dict[str, str] = {
     "activate": "npu_port.runtime.activate",
     "patch_legacy_attention": "npu_port.integrations.legacy_attention.patch",
     "register_fallback": "npu_port.fallbacks.registry",
+    "fuse_ops": "npu_port.fuse.api",
     "NpuPortError": "npu_port.errors",
     "Reason": "npu_port.reasons",
     "__version__": "npu_port._version",

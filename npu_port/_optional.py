@@ -103,6 +103,10 @@ INSTALL_HINTS: Dict[str, str] = {
     ),
     "xformers": "pip install xformers (a build matching your torch and CUDA)",
     "flash_attn": "pip install flash-attn --no-build-isolation (needs a CUDA toolkit and a matching torch)",
+    "flash_attn_npu": (
+        "pip install flash-attn-npu --no-build-isolation on an Ascend 910B / 910C machine (needs CANN >= 8.5.0 and "
+        "torch_npu matching torch)"
+    ),
 }
 
 #: What usually fixes a package that is installed but fails to import.
@@ -113,6 +117,10 @@ BROKEN_HINTS: Dict[str, str] = {
     ),
     "xformers": "it was probably built for another torch or CUDA version; reinstall a matching build",
     "flash_attn": "it was probably built for another torch or CUDA version; reinstall a matching build",
+    "flash_attn_npu": (
+        'its flash-attn 2 API imports only on Ascend 910B / 910C ("Unsupported Ascend device" elsewhere), after '
+        "torch_npu imports (source CANN's set_env.sh first); otherwise rebuild it for this torch_npu and CANN"
+    ),
 }
 
 

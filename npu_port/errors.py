@@ -160,3 +160,14 @@ class ParallelError(NpuPortError, ValueError):
     """A multi-device layout that cannot work (heads not divisible by the Ulysses degree, a sequence shorter than the
     ring, a model without a context-parallel plan, a process count that is not the layout's) or an attention call
     the sequence-parallel path cannot compute faithfully; the message names the valid choices."""
+
+
+class FuseError(NpuPortError, ValueError):
+    """``npu_port.fuse_ops`` was asked for something it cannot do: an unknown op name (the valid ones are listed), a
+    target that is not a model or pipeline, or — with ``strict=True`` — an op it refuses on this machine (torch_npu or
+    mindiesd missing, mindiesd imported too late), with the reason."""
+
+
+class FuseCheckError(NpuPortError, RuntimeError):
+    """With ``strict=True``, a fused op did not match the module or function it replaces on its first call (or
+    raised); the original is back in place before this is raised, and the message gives the error and the tolerance."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import List
 
+from . import pairing
 from .diagnosis import diagnose_torch_npu_error, torch_npu_pin
 from .facts import AUTOLOAD_VARIABLE, Facts
 from .finding import Finding
@@ -27,7 +28,7 @@ def check_torch_npu(facts: Facts) -> List[Finding]:
                 "info",
                 "torch_npu is not installed (fine unless this is an Ascend machine)",
                 f"on Ascend: install CANN, source its set_env.sh, then pip install "
-                f"{torch_npu_pin(facts.torch_version)}",
+                f"{torch_npu_pin(facts.torch_version)}{pairing.no_release_note(facts.torch_version)}",
             )
         ]
     outcome = facts.torch_npu_import
@@ -72,8 +73,74 @@ def check_torch_npu_pairing(facts: Facts) -> List[Finding]:
             "torch-npu-pairing",
             "torch / torch_npu pairing",
             "error",
-            f"torch {torch_version} does not pair with torch_npu {npu_version} (the major.minor must match)",
+            f"torch {torch_version} does not pair with torch_npu {npu_version} (the major.minor must match)"
+            f"{pairing.no_release_note(torch_version)}",
             f'pip install {torch_npu_pin(torch_version)}, or pin torch to match: pip install "torch=={npu_series}.*"',
+            details,
+        )
+    ]
+
+
+def check_torch_npu_cann(facts: Facts) -> List[Finding]:
+    """The CANN found against the one Ascend lists for the installed torch_npu (:mod:`.pairing`).
+
+    A documented mismatch warns (it is how ``libtbe_adapter.so: undefined symbol`` and ``init env failed`` happen);
+    an inferred pairing (torch-npu 2.13 / 2.14, not yet in Ascend's table) only informs.
+    """
+    npu_version = facts.torch_npu_version
+    if npu_version is None:
+        return []
+    row = pairing.pairing_of(npu_version)
+    found = facts.cann.version
+    details = {"torch_npu": npu_version, "cann_found": found, "pairing": row.as_dict() if row else None}
+    title = "torch_npu / CANN pairing"
+    if row is None:
+        return [
+            Finding(
+                "torch-npu-cann",
+                title,
+                "info",
+                f"torch_npu {npu_version} is not in npu-port's pairing table; CANN found: {found or 'unknown'}",
+                f"use the CANN version Ascend lists for torch-npu {npu_version}: {pairing.COMPATIBILITY}",
+                details,
+            )
+        ]
+    listed = f"torch-npu {row.torch_npu}" + ("" if row.torch_npu == npu_version.split("+")[0] else " (its series)")
+    if found is None:
+        return [
+            Finding(
+                "torch-npu-cann",
+                title,
+                "info",
+                f"CANN version unknown; {listed} is listed with {row.cann_text}",
+                None,
+                details,
+            )
+        ]
+    if pairing.cann_matches(found, row.cann):
+        return [Finding("torch-npu-cann", title, "ok", f"CANN {found} is the one listed for {listed}", None, details)]
+    fix = f"install CANN {row.cann}"
+    others = [other for other in pairing.releases(row.series) if other.cann and pairing.cann_matches(found, other.cann)]
+    if others:
+        fix += f', or pip install "torch-npu=={others[0].torch_npu}" (listed for CANN {others[0].cann})'
+    if row.cann_inferred:
+        return [
+            Finding(
+                "torch-npu-cann",
+                title,
+                "info",
+                f"CANN {found} found; {listed} is expected with {row.cann_text}: Ascend lists no CANN for it yet",
+                fix,
+                details,
+            )
+        ]
+    return [
+        Finding(
+            "torch-npu-cann",
+            title,
+            "warn",
+            f"CANN {found} found, but {listed} is listed with {row.cann_text}",
+            fix,
             details,
         )
     ]

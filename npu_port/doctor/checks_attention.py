@@ -1,4 +1,5 @@
-"""Attention on this machine: torch's SDPA switches, and every npu-port kernel with the reasons it cannot run.
+"""Attention on this machine: the NPU's chip, torch's SDPA switches, and every npu-port kernel with the reasons it
+cannot run.
 
 The SDPA switches are process-wide (``torch.backends.cuda.enable_*_sdp``); in a fresh process they read torch's
 defaults, so this mostly documents which SDPA kernels exist for the device at hand. The kernel list is the same one
@@ -96,3 +97,72 @@ def _kernel_finding(entry: dict) -> Finding:
         )
     summary = f"{name}: unavailable: {reasons}"
     return Finding(f"kernel-{name}", f"kernel {name}", "info", summary, None, details, code=codes[0])
+
+
+#: The strategy that bounds attention memory where no fused kernel exists (strategies/chunked.yaml).
+CHUNKED_FIX = (
+    'for memory, the chunked strategy never holds the whole score matrix: npu_port.set_attention_strategy("chunked", '
+    "target=pipe); else lower the resolution, frame count or batch; fused attention needs a 910B or newer"
+)
+
+
+@needs_torch
+def check_npu_chip(facts: Facts) -> List[Finding]:
+    """Whether NPU 0's chip has fused attention (:mod:`npu_port.device.chips`).
+
+    On 910A and 310P (Atlas 300I Duo / Pro) FlashAttentionScore does not exist: torch_npu's SDPA always takes its
+    math path and ``npu_fusion_attention`` is unavailable, so every attention call materialises the (B, H, Sq, Skv)
+    scores. Nothing npu-port can pass changes that, hence a warning with what to do instead.
+    """
+    if not facts.npu_usable:
+        return [Finding("npu-chip", "NPU chip", "info", "no NPU is usable here: the chip was not checked", None)]
+    from ..device.chips import current_chip
+
+    chip = current_chip()
+    name = _device_name()
+    details = {"device_name": name, "chip": chip.name if chip else None}
+    if chip is None:
+        return [
+            Finding(
+                "npu-chip",
+                "NPU chip",
+                "info",
+                f"NPU 0 ({name}) is not a chip npu-port's table knows: whether it has fused attention is not judged",
+                None,
+                details,
+            )
+        ]
+    details["fused_attention"] = chip.fused_attention
+    if chip.fused_attention:
+        return [
+            Finding(
+                "npu-chip",
+                "NPU chip",
+                "ok",
+                f"NPU 0 is {name} ({chip.name}): fused attention available (npu_fusion_attention, "
+                "npu_fused_infer_attention_score, SDPA's FlashAttentionScore path)",
+                None,
+                details,
+            )
+        ]
+    return [
+        Finding(
+            "npu-chip",
+            "NPU chip",
+            "warn",
+            f"NPU 0 is {name} ({chip.name}, {chip.product}): no fused attention on this chip, so every attention call "
+            "builds the whole score matrix (SDPA always runs the math path; npu_fusion_attention is unavailable)",
+            CHUNKED_FIX,
+            details,
+            code="chip",
+        )
+    ]
+
+
+def _device_name() -> str:
+    import torch
+
+    try:
+        return str(torch.npu.get_device_name(0))
+    except Exception as exc:  # noqa: BLE001 - a driver that cannot name its device: say so, judge nothing more
+        return f"unnamed NPU ({type(exc).__name__})"

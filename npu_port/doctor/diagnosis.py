@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .cann import CannInstall
-from .probes import major_minor
+from .pairing import pip_pair
 
 #: CANN runtime libraries: missing means set_env.sh was not sourced (or CANN is not installed).
 _CANN_LIBRARY = re.compile(r"(lib(?:hccl|ascendcl|opapi|acl\w*)\.so[\w.]*)")
@@ -34,9 +34,9 @@ class Diagnosis:
 
 
 def torch_npu_pin(torch_version: Optional[str]) -> str:
-    """The pip requirement for the torch_npu release that pairs with ``torch_version``."""
-    series = major_minor(torch_version)
-    return f'"torch-npu=={series}.*"' if series else "torch-npu of the same major.minor as torch"
+    """The pip arguments for the torch_npu release that pairs with ``torch_version`` (for a torch newer than every
+    torch_npu, the newest pair with torch pinned too): :func:`.pairing.pip_pair`."""
+    return pip_pair(torch_version)
 
 
 def diagnose_torch_npu_error(error_text: str, cann: CannInstall, torch_version: Optional[str]) -> Diagnosis:

@@ -16,6 +16,9 @@ from .facts import Facts
 from .probes import release_tuple
 
 DISPATCHER_SINCE = "0.35.0"
+#: The first release whose GEGLU calls torch_npu.npu_geglu (huggingface/diffusers#7816, merged 2024-05-04; the branch
+#: is absent from 0.27.2 and present in 0.28.0 through 0.42.1 and main).
+NPU_GEGLU_SINCE = "0.28.0"
 
 
 def _never(facts: Facts) -> bool:
@@ -105,6 +108,16 @@ KNOWN_BUGS: Tuple[KnownBug, ...] = (
         "npu-port's strategies are undone with handle.restore(), which gives back the processors that were there",
         "use npu_port.set_attention_strategy(...) and handle.restore() rather than that switch",
         since=DISPATCHER_SINCE,
+    ),
+    KnownBug(
+        "geglu-tanh-on-npu",
+        "diffusers models/activations.py GEGLU.forward, L118-120 in 0.42.1, huggingface/diffusers#7816",
+        "GEGLU calls torch_npu.npu_geglu(..., approximate=1), tanh GELU, whenever the torch_npu package is installed "
+        "(not when the tensor is on an NPU), while CPU and GPU use exact erf GELU: outputs differ between devices",
+        "npu-port's fused ops keep GEGLU exact on the NPU (geglu_exact) unless you ask for the tanh form",
+        'npu_port.fuse_ops(model, ops=["geglu_exact"]) (reversible; ops=["geglu_tanh"] keeps the faster tanh form)',
+        since=NPU_GEGLU_SINCE,
+        breaks_here=_torch_npu_working,
     ),
     KnownBug(
         "npu-processor-deprecation-error",

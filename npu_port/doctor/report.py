@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from .._version import __version__
+from .pairing import rows_as_json
 from .run import DoctorResult
 
 _MARKERS = {"ok": "[ok]", "info": "[info]", "warn": "[warn]", "error": "[error]"}
@@ -42,7 +43,8 @@ def render_text(result: DoctorResult) -> str:
 
 
 def as_json(result: DoctorResult) -> Dict[str, Any]:
-    """``{"npu_port_version", "exit_code", "verdict", "findings": [...]}``; each finding also names its group."""
+    """``{"npu_port_version", "exit_code", "verdict", "findings": [...], "torch_npu_pairings": [...]}``; each
+    finding also names its group, and the pairing table the checks judged by travels with them."""
     return {
         "npu_port_version": __version__,
         "exit_code": result.exit_code,
@@ -50,4 +52,5 @@ def as_json(result: DoctorResult) -> Dict[str, Any]:
         "findings": [
             {**finding.as_dict(), "group": title} for title, findings in result.groups for finding in findings
         ],
+        "torch_npu_pairings": rows_as_json(),
     }

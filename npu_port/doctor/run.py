@@ -1,9 +1,9 @@
 """Run every check in order, never letting one of them crash the doctor.
 
 The order is the order of dependence: Python and torch first (the in-process ``import torch`` is decided there),
-then the Ascend stack, devices, attention, diffusers and settings. A check that raises is itself a finding (a
-warning that asks for a report) and the others still run: the doctor is what people run when things are broken, so
-it must not be one more thing that breaks.
+then the Ascend stack, devices, attention, diffusers, the Ascend extensions (MindIE-SD, flash-attn-npu) and settings.
+A check that raises is itself a finding (a warning that asks for a report) and the others still run: the doctor is
+what people run when things are broken, so it must not be one more thing that breaks.
 """
 
 from __future__ import annotations
@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from . import checks_ascend, checks_attention, checks_devices, checks_diffusers, checks_python, checks_settings
+from . import (
+    checks_ascend,
+    checks_attention,
+    checks_devices,
+    checks_diffusers,
+    checks_extensions,
+    checks_python,
+    checks_settings,
+)
 from .facts import Check, Facts
 from .finding import VERDICTS, Finding, check_id, exit_code
 
@@ -23,13 +31,22 @@ CHECK_GROUPS: Tuple[Tuple[str, Tuple[Check, ...]], ...] = (
         (
             checks_ascend.check_torch_npu,
             checks_ascend.check_torch_npu_pairing,
+            checks_ascend.check_torch_npu_cann,
             checks_ascend.check_backend_autoload,
             checks_ascend.check_cann,
         ),
     ),
     ("Devices", (checks_devices.check_devices,)),
-    ("Attention", (checks_attention.check_sdpa_backends, checks_attention.check_attention_kernels)),
+    (
+        "Attention",
+        (
+            checks_attention.check_npu_chip,
+            checks_attention.check_sdpa_backends,
+            checks_attention.check_attention_kernels,
+        ),
+    ),
     ("diffusers", (checks_diffusers.check_diffusers,)),
+    ("Ascend extensions", (checks_extensions.check_mindiesd, checks_extensions.check_flash_attn_npu)),
     ("Recommended Ascend settings", (checks_settings.check_npu_settings,)),
 )
 

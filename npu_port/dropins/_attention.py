@@ -66,9 +66,18 @@ def _band(relative: Tensor, left: int, right: int) -> Tensor:
     return keep
 
 
-def window_bounds(causal: bool, window_size: Sequence[int]) -> Tuple[int, int]:
-    """flash-attn's ``(left, right)`` window with ``causal`` folded in (causal = no key to the right)."""
+def window_bounds(causal: bool, window_size: Sequence[int], key_len: Optional[int] = None) -> Tuple[int, int]:
+    """flash-attn's ``(left, right)`` window with ``causal`` folded in (causal = no key to the right).
+
+    With ``key_len``, a side of at least ``key_len`` keys becomes unbounded (-1) first, as flash-attn's ``mha_fwd``
+    does (``if (window_size_left >= seqlen_k) window_size_left = -1``, the same for the right; flash-attn-npu copies
+    it). That is not in its docstring's formula and changes the result only when there are more queries than keys:
+    a row whose aligned position is before the first key then sees every key instead of none.
+    """
     left, right = (int(w) for w in window_size)
+    if key_len:  # no keys: nothing to see either way
+        left = -1 if left >= key_len else left
+        right = -1 if right >= key_len else right
     return left, (0 if causal else right)
 
 

@@ -22,6 +22,11 @@ length. Unlike flash-attn, any floating dtype is accepted and head dims are not 
 computed faithfully — ``alibi_slopes``, ``softcap``, ``return_attn_probs=True`` / ``return_softmax_lse=True``, a
 paged ``block_table``, rotary embeddings inside the KV-cache call — raises :class:`~npu_port.errors.DropInError`
 instead of returning something else.
+
+On an Ascend 910B / 910C with flash-attn-npu installed, each call within that package's limits is handed to
+``flash_attn_npu``'s function of the same name, arguments unchanged (softcap, ALiBi, the log-sum-exp and paged
+caches included); the others are computed as above, and the reason is recorded. See
+:mod:`npu_port.dropins.flash_attn_npu`.
 """
 
 from __future__ import annotations
@@ -32,14 +37,19 @@ import torch
 from torch import Tensor
 
 from ..errors import AttentionInputError, DropInError
+from ..reasons import Reason
+from . import flash_attn_npu as _npu
 from ._attention import attend_bshd, attend_dense, attend_packed, key_length_keep, window_bounds
 from .install import CALLS
 
 
-def _refuse(function: str, argument: str, why: str, instead: str) -> None:
+def _refuse(function: str, argument: str, why: str, instead: str, declined: Optional[Reason] = None) -> None:
+    """Raise the drop-in's refusal; on an NPU it also says why flash_attn_npu did not take the call (``declined``:
+    not installed, another chip, a limit of its own)."""
+    npu = f" flash_attn_npu did not take this call: {declined}." if declined and declined.code != "device" else ""
     raise DropInError(
         f"{function}({argument}) is not supported by npu-port's flash_attn drop-in: {why}. {instead}, or install a "
-        "working flash-attn build (an installed flash-attn takes precedence over the drop-in)."
+        f"working flash-attn build (an installed flash-attn takes precedence over the drop-in).{npu}"
     )
 
 
@@ -49,6 +59,7 @@ def _check_supported(
     alibi_slopes: Optional[Tensor],
     return_attn_probs: bool,
     block_table: Optional[Tensor] = None,
+    declined: Optional[Reason] = None,
 ) -> None:
     if alibi_slopes is not None:
         _refuse(
@@ -57,6 +68,7 @@ def _check_supported(
             "it does not add ALiBi biases",
             "Build the bias yourself and pass it as attn_mask to npu_port.attention(q, k, v, attn_mask=bias) with "
             "(batch, heads, seqlen, head_dim) tensors",
+            declined,
         )
     if softcap:
         _refuse(
@@ -64,6 +76,7 @@ def _check_supported(
             f"softcap={softcap!r}",
             "it does not soft-cap the attention logits",
             "Call it with softcap=0.0",
+            declined,
         )
     if return_attn_probs:
         _refuse(
@@ -71,6 +84,7 @@ def _check_supported(
             "return_attn_probs=True",
             "it returns the attention output only, not the softmax log-sum-exp or the attention probabilities",
             "Call it with return_attn_probs=False",
+            declined,
         )
     if block_table is not None:
         _refuse(
@@ -78,7 +92,32 @@ def _check_supported(
             "block_table=...",
             "it does not read paged key/value caches",
             "Gather the pages into contiguous key/value tensors first",
+            declined,
         )
+
+
+def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size) -> Tensor:
+    """The emulation of :func:`flash_attn_func` (the packed forms unpack into it)."""
+    left, right = window_bounds(causal, window_size, k.shape[1])
+    return attend_dense(q, k, v, left=left, right=right, bottom_right=True, dropout_p=dropout_p, scale=softmax_scale)
+
+
+def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, dropout_p, softmax_scale, causal, window_size):
+    """The emulation of :func:`flash_attn_varlen_func` (the packed forms unpack into it); ``max_seqlen_k`` bounds the
+    window as in flash-attn's ``mha_varlen_fwd``."""
+    left, right = window_bounds(causal, window_size, max_seqlen_k)
+    return attend_packed(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        left=left,
+        right=right,
+        bottom_right=True,
+        dropout_p=dropout_p,
+        scale=softmax_scale,
+    )
 
 
 @CALLS.counts_calls
@@ -96,9 +135,13 @@ def flash_attn_func(
     return_attn_probs: bool = False,
 ) -> Tensor:
     """``q`` ``(B, Sq, H, D)``, ``k``/``v`` ``(B, Skv, H_kv, D)`` -> ``(B, Sq, H, D)``; see the module docstring."""
-    _check_supported("flash_attn_func", softcap, alibi_slopes, return_attn_probs)
-    left, right = window_bounds(causal, window_size)
-    return attend_dense(q, k, v, left=left, right=right, bottom_right=True, dropout_p=dropout_p, scale=softmax_scale)
+    passed = dict(locals())  # the arguments as given: what flash_attn_npu is handed, by name
+    function = "flash_attn_func"
+    npu, declined = _npu.dense(function, q, k, v, dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes)
+    if npu is not None:
+        return npu.flash_attn_func(**passed)
+    _check_supported(function, softcap, alibi_slopes, return_attn_probs, declined=declined)
+    return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size)
 
 
 @CALLS.counts_calls
@@ -114,9 +157,14 @@ def flash_attn_qkvpacked_func(
     return_attn_probs: bool = False,
 ) -> Tensor:
     """``qkv`` ``(B, S, 3, H, D)`` -> ``(B, S, H, D)``."""
-    _check_supported("flash_attn_qkvpacked_func", softcap, alibi_slopes, return_attn_probs)
+    passed = dict(locals())  # the arguments as given: what flash_attn_npu is handed, by name
+    function = "flash_attn_qkvpacked_func"
     q, k, v = qkv.unbind(dim=2)
-    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size)
+    npu, declined = _npu.dense(function, q, k, v, dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes)
+    if npu is not None:
+        return npu.flash_attn_qkvpacked_func(**passed)
+    _check_supported(function, softcap, alibi_slopes, return_attn_probs, declined=declined)
+    return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size)
 
 
 @CALLS.counts_calls
@@ -133,9 +181,14 @@ def flash_attn_kvpacked_func(
     return_attn_probs: bool = False,
 ) -> Tensor:
     """``q`` ``(B, Sq, H, D)``, ``kv`` ``(B, Skv, 2, H_kv, D)`` -> ``(B, Sq, H, D)``."""
-    _check_supported("flash_attn_kvpacked_func", softcap, alibi_slopes, return_attn_probs)
+    passed = dict(locals())  # the arguments as given: what flash_attn_npu is handed, by name
+    function = "flash_attn_kvpacked_func"
     k, v = kv.unbind(dim=2)
-    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size)
+    npu, declined = _npu.dense(function, q, k, v, dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes)
+    if npu is not None:
+        return npu.flash_attn_kvpacked_func(**passed)
+    _check_supported(function, softcap, alibi_slopes, return_attn_probs, declined=declined)
+    return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size)
 
 
 @CALLS.counts_calls
@@ -159,20 +212,24 @@ def flash_attn_varlen_func(
 ) -> Tensor:
     """``q`` ``(total_q, H, D)``, ``k``/``v`` ``(total_k, H_kv, D)``, ``cu_seqlens_*`` ``(B + 1,)`` -> ``(total_q,
     H, D)``; sequence ``b`` is ``q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]]`` and sees only its own keys."""
-    _check_supported("flash_attn_varlen_func", softcap, alibi_slopes, return_attn_probs, block_table)
-    left, right = window_bounds(causal, window_size)
-    return attend_packed(
+    passed = dict(locals())  # the arguments as given: what flash_attn_npu is handed, by name
+    function = "flash_attn_varlen_func"
+    npu, declined = _npu.varlen(
+        function,
         q,
         k,
         v,
         cu_seqlens_q,
         cu_seqlens_k,
-        left=left,
-        right=right,
-        bottom_right=True,
         dropout_p=dropout_p,
-        scale=softmax_scale,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        block_table=block_table,
     )
+    if npu is not None:
+        return npu.flash_attn_varlen_func(**passed)
+    _check_supported(function, softcap, alibi_slopes, return_attn_probs, block_table, declined)
+    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, dropout_p, softmax_scale, causal, window_size)
 
 
 @CALLS.counts_calls
@@ -190,11 +247,16 @@ def flash_attn_varlen_qkvpacked_func(
     return_attn_probs: bool = False,
 ) -> Tensor:
     """``qkv`` ``(total, 3, H, D)`` -> ``(total, H, D)``."""
-    _check_supported("flash_attn_varlen_qkvpacked_func", softcap, alibi_slopes, return_attn_probs)
+    passed = dict(locals())  # the arguments as given: what flash_attn_npu is handed, by name
+    function = "flash_attn_varlen_qkvpacked_func"
     q, k, v = qkv.unbind(dim=1)
-    return flash_attn_varlen_func(
-        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale, causal, window_size
+    npu, declined = _npu.varlen(
+        function, q, k, v, cu_seqlens, cu_seqlens, dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes
     )
+    if npu is not None:
+        return npu.flash_attn_varlen_qkvpacked_func(**passed)
+    _check_supported(function, softcap, alibi_slopes, return_attn_probs, declined=declined)
+    return _varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, dropout_p, softmax_scale, causal, window_size)
 
 
 @CALLS.counts_calls
@@ -215,11 +277,16 @@ def flash_attn_varlen_kvpacked_func(
     return_attn_probs: bool = False,
 ) -> Tensor:
     """``q`` ``(total_q, H, D)``, ``kv`` ``(total_k, 2, H_kv, D)`` -> ``(total_q, H, D)``."""
-    _check_supported("flash_attn_varlen_kvpacked_func", softcap, alibi_slopes, return_attn_probs)
+    passed = dict(locals())  # the arguments as given: what flash_attn_npu is handed, by name
+    function = "flash_attn_varlen_kvpacked_func"
     k, v = kv.unbind(dim=1)
-    return flash_attn_varlen_func(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size
+    npu, declined = _npu.varlen(
+        function, q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes
     )
+    if npu is not None:
+        return npu.flash_attn_varlen_kvpacked_func(**passed)
+    _check_supported(function, softcap, alibi_slopes, return_attn_probs, declined=declined)
+    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, dropout_p, softmax_scale, causal, window_size)
 
 
 @CALLS.counts_calls
@@ -251,16 +318,38 @@ def flash_attn_with_kvcache(
     does. Item ``b``
     then attends to its first ``cache_seqlens[b] + S_new`` cached keys; ``causal`` and ``window_size`` are aligned
     bottom-right to that length. Rotary embeddings, ``cache_batch_idx``, ``cache_leftpad`` and paged caches are
-    refused (:class:`~npu_port.errors.DropInError`).
+    refused (:class:`~npu_port.errors.DropInError`) unless flash_attn_npu takes the call (it reads ``cache_batch_idx``
+    and paged caches; it has no rotary embedding and no ``cache_leftpad`` either).
     """
+    passed = dict(locals())  # the arguments as given: what flash_attn_npu is handed, by name
     function = "flash_attn_with_kvcache"
-    _check_supported(function, softcap, alibi_slopes, False, block_table)
+    npu, declined = _npu.kvcache(
+        function,
+        q,
+        k_cache,
+        v_cache,
+        k=k,
+        v=v,
+        cache_seqlens=cache_seqlens,
+        rotary_cos=rotary_cos,
+        cache_leftpad=cache_leftpad,
+        block_table=block_table,
+        causal=causal,
+        window_size=window_size,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        num_splits=num_splits,
+    )
+    if npu is not None:
+        return npu.flash_attn_with_kvcache(**passed)
+    _check_supported(function, softcap, alibi_slopes, False, block_table, declined)
     if return_softmax_lse:
         _refuse(
             function,
             "return_softmax_lse=True",
             "it returns the attention output only, not the softmax log-sum-exp",
             "Call it with return_softmax_lse=False",
+            declined,
         )
     for name, value in (
         ("rotary_cos", rotary_cos),
@@ -269,7 +358,11 @@ def flash_attn_with_kvcache(
     ):
         if value is not None:
             _refuse(
-                function, f"{name}=...", f"it does not apply {name}", f"Apply it before the call and pass {name}=None"
+                function,
+                f"{name}=...",
+                f"it does not apply {name}",
+                f"Apply it before the call and pass {name}=None",
+                declined,
             )
     batch, cache_len = k_cache.shape[0], k_cache.shape[1]
     if cache_seqlens is None:
@@ -286,7 +379,7 @@ def flash_attn_with_kvcache(
         k_cache[rows, positions] = k.to(k_cache.dtype)
         v_cache[rows, positions] = v.to(v_cache.dtype)
         lengths = lengths + k.shape[1]
-    left, right = window_bounds(causal, window_size)
+    left, right = window_bounds(causal, window_size, cache_len)  # flash-attn's mha_fwd_kvcache: the cache's length
     keep = key_length_keep(q.shape[1], lengths, cache_len, left, right)
     return attend_bshd(q, k_cache, v_cache, keep, scale=softmax_scale)
 

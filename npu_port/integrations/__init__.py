@@ -29,3 +29,29 @@ def _apply_to_diffusers_target(
 #: ``accepts`` test): for a target that is neither, its errors say what a target may be. Registered on import, and
 #: ``import npu_port`` imports this package, so a strategy can always be applied to a model.
 DIFFUSERS_APPLIER = register_target_applier("diffusers", _apply_to_diffusers_target)
+
+
+def is_transformers_model(target: Any) -> bool:
+    """A transformers ``PreTrainedModel``: told from ``sys.modules`` (a model exists only once transformers was
+    imported), so asking costs no import."""
+    import sys
+
+    module = sys.modules.get("transformers.modeling_utils")
+    return module is not None and isinstance(target, module.PreTrainedModel)
+
+
+def _apply_to_transformers_target(
+    target: Any, attention_fn: Optional[Callable[..., Any]], *, processor_factory: Optional[Callable[[], Any]] = None
+) -> Any:
+    """The transformers integration's target applier (a bare ``PreTrainedModel``; a pipeline's text encoders go
+    through the diffusers applier, which calls the same function)."""
+    from .transformers_attention import apply_to_transformers
+
+    return apply_to_transformers(target, attention_fn, processor_factory=processor_factory)
+
+
+#: ``set_attention_strategy(target=text_encoder)``: a transformers model routed through transformers' own attention
+#: interface (:mod:`.transformers_attention`).
+TRANSFORMERS_APPLIER = register_target_applier(
+    "transformers", _apply_to_transformers_target, accepts=is_transformers_model
+)

@@ -57,6 +57,7 @@ class Activation:
     def summary(self) -> Dict[str, Any]:
         """Device, strategy, and for every piece what was patched and how often it was hit (JSON-ready)."""
         from ..dropins.finder import registered
+        from ..dropins.flash_attn_npu import ROUTES
         from ..integrations.legacy_attention import hooked_routes
         from .handled import by_rule
 
@@ -73,6 +74,7 @@ class Activation:
                 "served": {k: v for k, v in served.items() if k in self.dropins},
                 "imported_by": {k: v for k, v in importers.items() if k in self.dropins},
             },
+            "flash_attn_npu": ROUTES.summary(),
             "fallbacks": {
                 "installed": list(self.fallbacks),
                 "served": {k: v for k, v in served.items() if k in self.fallbacks},
@@ -140,6 +142,7 @@ class Activation:
         for item in data["overrides"]:
             state = "applied" if item["applied"] else "NOT applied: the module was never imported"
             lines.append(f"  override {item['target']} -> {item['replacement']}: {state}")
+        lines += _format_flash_attn_routes(data["flash_attn_npu"])
         if data["npu_options"] is not None:
             mode = "dry run" if data["npu_options"]["dry_run"] else "applied"
             lines.append(f"  Ascend options ({mode}): {len(data['npu_options']['actions'])} settings")
@@ -150,6 +153,21 @@ class Activation:
         """Undo everything, last installed first; safe to call twice."""
         while self._undo:
             self._undo.pop()()
+
+
+def _format_flash_attn_routes(routes: Dict[str, Any]) -> List[str]:
+    """The summary's lines on what computed the flash_attn drop-in's calls: none when no call was on an NPU (off an
+    NPU the emulation is the only choice; the report still counts those calls under ``device``)."""
+    delegated = sum(item["count"] for item in routes["flash_attn_npu"].values())
+    emulated = routes["emulation"]
+    if not delegated and set(emulated) <= {"device"}:
+        return []
+    lines = [
+        f"  flash_attn drop-in calls: {delegated} by flash_attn_npu, "
+        f"{sum(item['count'] for item in emulated.values())} by npu-port's emulation"
+    ]
+    lines += [f"    emulated, {code} x{item['count']}: {item['reason']}" for code, item in emulated.items()]
+    return lines
 
 
 def diffusers_legacy_classes(diffusers: ModuleType) -> List[type]:
@@ -194,6 +212,7 @@ def activate(
     installed.
     """
     from ..device.redirect import redirect_cuda
+    from ..dropins.flash_attn_npu import ROUTES
     from ..dropins.install import CALLS, XFORMERS_CALLS, install_dropins, uninstall_dropins
     from ..errors import NpuPortError
     from ..fallbacks.registry import install_builtin_fallbacks, uninstall_builtin_fallbacks
@@ -219,6 +238,7 @@ def activate(
         undo.append(uninstall_dropins)
         CALLS.clear()  # the drop-in calls this run makes (npu-port run --report's NPU110)
         XFORMERS_CALLS.clear()  # and NPU112
+        ROUTES.clear()  # and which of them flash_attn_npu computed
         fallbacks = install_builtin_fallbacks()
         undo.append(uninstall_builtin_fallbacks)
         handle = set_attention_strategy(profile or strategy or "auto")

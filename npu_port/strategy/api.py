@@ -3,8 +3,9 @@
 ``target=None`` applies a strategy process-wide: environment variables (and diffusers' runtime equivalent), and the
 kernel ``npu_port.attention(kernel=None)`` uses. ``target=model_or_pipeline`` applies it to every attention module in
 it, through the target applier an integration registered for it (:mod:`.appliers`; diffusers models and pipelines:
-:mod:`npu_port.integrations.diffusers`), and changes nothing else. Either way the handle can say what it did
-(``explain()``) and undo it exactly (``restore()``).
+:mod:`npu_port.integrations.diffusers`), and changes nothing else — unless the strategy sets ``fuse_ops:``, whose
+fused ops are then installed on the same target (:mod:`npu_port.fuse`, reached through its key applier). Either way
+the handle can say what it did (``explain()``) and undo it exactly (``restore()``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from ..errors import StrategyError
 from ..weak import weak
-from .appliers import applier_for
+from .appliers import applier_for, key_applier
 from .process import STATE
 from .registry import import_attr, is_processor_class, resolve
 from .router import StrategyRouter
@@ -30,6 +31,7 @@ class StrategyHandle:
         self.process_wide = target is None
         self._target = weak(target)  # a handle never keeps the model alive (npu_port.weak)
         self.applied: Any = None  # the target applier's record, when target is given (see .appliers)
+        self.fused: Any = None  # the fuse_ops record (npu_port.fuse), when the strategy sets fuse_ops and has a target
         self.notes: List[str] = []
         self.restored = False
 
@@ -76,6 +78,8 @@ class StrategyHandle:
             lines.append(f"  applied to {label}: {done} attention modules")
             lines.append("  attention modules now:")
             lines += [f"  {line}" for line in self.applied.describe().splitlines()[1:]]
+        if self.fused is not None:
+            lines += [f"  {line}" for line in self.fused.describe().splitlines()]
         lines += [f"  note: {note}" for note in self.notes]
         if self.restored:
             lines.append("  restored")
@@ -97,12 +101,16 @@ class StrategyHandle:
         if self.applied is not None:
             data["modules"] = self.applied.counts()
             data["modules_now"] = [state._asdict() for state in self.applied.states()]
+        if self.fused is not None:
+            data["fuse_ops"] = self.fused.report()
         return data
 
     def restore(self) -> None:
         """Undo everything this handle did (idempotent). Processors come back as the very same objects."""
         if self.restored:
             return
+        if self.fused is not None:  # installed last, undone first
+            self.fused.restore()
         if self.process_wide:
             STATE.deactivate(self)
         elif self.applied is not None:
@@ -155,6 +163,7 @@ def set_attention_strategy(strategy: Any = "auto", target: Any = None, **options
         processor = _processor_class(spec)
         handle = StrategyHandle(spec, None, target)
         handle.applied = applier_for(target).apply(target, None, processor_factory=processor)
+        _apply_fuse_ops(handle, target)
         return handle
     router = StrategyRouter(spec)
     router.check_available()
@@ -168,9 +177,26 @@ def apply_router(router: StrategyRouter, target: Any = None) -> StrategyHandle:
     handle = StrategyHandle(router.strategy, router, target)
     if target is None:
         handle.notes = STATE.activate(handle)
+        if handle.strategy.fuse_ops:
+            handle.notes.append(
+                f"fuse_ops ({', '.join(handle.strategy.fuse_ops)}) change a model: apply the strategy with "
+                "target=model or pipeline (nothing was fused process-wide)"
+            )
     else:
         handle.applied = applier_for(target).apply(target, router)
+        _apply_fuse_ops(handle, target)
     return handle
+
+
+def _apply_fuse_ops(handle: StrategyHandle, target: Any) -> None:
+    """The strategy's ``fuse_ops`` on the target, after its attention; if that fails, the attention is undone too."""
+    if not handle.strategy.fuse_ops:
+        return
+    try:
+        handle.fused = key_applier("fuse_ops")(target, handle.strategy.fuse_ops)
+    except BaseException:
+        handle.applied.restore()
+        raise
 
 
 @contextlib.contextmanager

@@ -14,6 +14,12 @@ It returns a record of what it changed, which the strategy handle uses: ``restor
 Which applier gets a target: those registered with an ``accepts`` test are asked first, the latest registration
 first; then the catch-all (registered without ``accepts``: the diffusers integration, whose errors say what a target
 may be). Importing this module imports nothing beyond the standard library.
+
+A strategy key that changes the model beyond attention (``fuse_ops:``, implemented by :mod:`npu_port.fuse`, layer 4)
+reaches its implementation the same way: the package that implements it registers a *key applier* here
+(:func:`register_key_applier`), called as ``apply(target, value)`` and returning a record with ``restore()``,
+``describe()`` (a header line, then one line per change) and ``report()`` (JSON-ready); the strategy handle keeps it
+next to the attention record and undoes it first.
 """
 
 from __future__ import annotations
@@ -91,6 +97,55 @@ def registered_target_appliers() -> List[TargetApplier]:
     with _lock:
         newest_first = list(reversed(_appliers.values()))
     return [a for a in newest_first if a.accepts is not None] + [a for a in newest_first if a.accepts is None]
+
+
+_key_appliers: Dict[str, "TargetApplier"] = {}  # strategy key -> its applier (one per key: the latest)
+
+
+def register_key_applier(key: str, apply: Callable[[Any, Any], Any]) -> TargetApplier:
+    """Let a strategy's ``key:`` (e.g. ``fuse_ops``) be applied to its target through ``apply(target, value)`` (see
+    the module docstring). Registering a key again replaces the earlier applier; ``restore()`` removes it."""
+    if not isinstance(key, str) or not key.strip():
+        raise StrategyError(f"a key applier needs the strategy key it applies (a non-empty str), got {key!r}")
+    if not callable(apply):
+        raise StrategyError(
+            f"apply for strategy key {key!r} must be a callable (target, value), got {type(apply).__name__}"
+        )
+    applier = _KeyApplier(key, apply)
+    with _lock:
+        _key_appliers[key] = applier
+    return applier
+
+
+class _KeyApplier(TargetApplier):
+    """A registered key applier; ``restore()`` unregisters it."""
+
+    def __init__(self, key: str, apply: Callable[[Any, Any], Any]) -> None:
+        super().__init__(key, apply, None)
+
+    @property
+    def active(self) -> bool:
+        return _key_appliers.get(self.name) is self
+
+    def restore(self) -> None:
+        with _lock:
+            if self.active:
+                del _key_appliers[self.name]
+
+    def __repr__(self) -> str:
+        return f"<key applier for strategy key {self.name!r}{'' if self.active else ', restored'}>"
+
+
+def key_applier(key: str) -> Callable[[Any, Any], Any]:
+    """The ``apply(target, value)`` registered for strategy key ``key``, or :class:`StrategyError` saying none is."""
+    with _lock:
+        applier = _key_appliers.get(key)
+    if applier is None:
+        raise StrategyError(
+            f"the strategy sets {key!r} but nothing that applies it is registered (npu_port.fuse registers fuse_ops "
+            "when npu_port is imported)"
+        )
+    return applier.apply
 
 
 def applier_for(target: Any) -> TargetApplier:

@@ -12,6 +12,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+import torch
+
 from ..attn.call import AttentionCall
 from ..attn.masks import dtype_name
 from ..reasons import Reason, as_reason
@@ -23,13 +25,21 @@ PICKED, OK, REJECTED, REFUSED, SKIPPED = "picked", "ok", "rejected", "refused", 
 def mask_form(call: AttentionCall, pure: Optional[bool] = None) -> str:
     """``none``, or the mask kind and its broadcast pattern over (B, H, Sq, Skv): ``bool[B1QK]``, ``float[11QK]``.
     Where a candidate kernel's choice depends on whether a float mask is a pure mask (``pure`` known: the Ascend
-    kernels, sdpa on an NPU), the kind says which: ``float-pure[B11K]`` or ``float-bias[BHQK]``."""
+    kernels, sdpa on an NPU), the kind says which: ``float-pure[B11K]`` or ``float-bias[BHQK]``. A float mask that
+    autograd wants a gradient for is marked ``+grad`` (``float-pure+grad[B11K]``): kernels that turn a pure mask into
+    a bool one take it only when no gradient is wanted, so it is a bucket of its own."""
     if call.mask is None:
         return "none"
     letters = "BHQK"
     pattern = "".join("1" if size == 1 else letters[i] for i, size in enumerate(call.mask.shape))
     kind = call.mask.kind if pure is None else ("float-pure" if pure else "float-bias")
-    return f"{kind}[{pattern}]"
+    return f"{kind}{'+grad' if mask_needs_grad(call) else ''}[{pattern}]"
+
+
+def mask_needs_grad(call: AttentionCall) -> bool:
+    """Whether autograd wants a gradient for ``call``'s float mask (a bool mask never has one)."""
+    mask = call.mask
+    return mask is not None and mask.bias is not None and mask.bias.requires_grad and torch.is_grad_enabled()
 
 
 def bucket_signature(call: AttentionCall, pure: Optional[bool] = None) -> Tuple[Any, ...]:
@@ -44,7 +54,7 @@ def bucket_signature(call: AttentionCall, pure: Optional[bool] = None) -> Tuple[
         call.value.shape,
         call.query.dtype,
         call.query.device,
-        None if mask is None else (mask.bias is None, mask.keep.shape),
+        None if mask is None else (mask.bias is None, mask.keep.shape, mask_needs_grad(call)),
         call.is_causal,
         call.dropout_p > 0,
         call.needs_grad,

@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ..errors import StrategyFileError
 from .schema import RawStrategy, parse
-from .spec import Strategy, check_env, check_option
+from .spec import Strategy, check_env, check_fuse_ops, check_option
 
 PATH_VARIABLE = "NPU_PORT_STRATEGY_PATH"
 SUFFIXES = (".yaml", ".yml")
@@ -135,6 +135,7 @@ def build(raw: RawStrategy, lookup: Callable[[str], Strategy], chain: tuple = ()
         acl_options=merged("acl_options"),
         npu=merged("npu"),
         safe_math=merged("safe_math"),
+        fuse_ops=check_fuse_ops(data["fuse_ops"]) if "fuse_ops" in data else (parent.fuse_ops if parent else ()),
         source=raw.path,
         processor_origin=f"{raw.path}:{raw.line('processor')}" if data.get("processor") else None,
     )

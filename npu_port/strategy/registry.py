@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import StrategyError, StrategyFileError, UnknownStrategyError
 from .loader import SUFFIXES, build, builtin_dirs, every_kernel, read_file, registry_snapshot, strategy_files, user_dirs
-from .spec import Strategy, check_candidates, check_env, check_import_path, check_name, check_option
+from .spec import Strategy, check_candidates, check_env, check_fuse_ops, check_import_path, check_name, check_option
 
 _CODE: Dict[str, Strategy] = {}
 #: Parsed files by (path, mtime), each with the kernel registry's state it was built with (see registry_snapshot).
@@ -177,6 +177,7 @@ def register_strategy(
     kernel_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
     processor: Any = None,
     extends: Optional[str] = None,
+    fuse_ops: Optional[Sequence[str]] = None,
     replace: bool = False,
 ) -> Strategy:
     """Register a strategy defined in code (or a ready :class:`Strategy`); returns it.
@@ -220,6 +221,7 @@ def register_strategy(
             processor=processor,
             extends=extends,
             base=(parent.base or parent.name) if parent else None,
+            fuse_ops=check_fuse_ops(fuse_ops) if fuse_ops is not None else (parent.fuse_ops if parent else ()),
         )
     check_kernels(strategy)
     if strategy.name in _builtin_files():

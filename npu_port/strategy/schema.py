@@ -17,11 +17,13 @@ from ..device.npu_options import ACL_OPTIONS, NPU_SETTINGS
 from ..errors import StrategyFileError
 from .spec import (
     DEVICES,
+    FUSE_OPS,
     KINDS,
     OPTIONS,
     SELECT_MODES,
     check_candidates,
     check_env,
+    check_fuse_ops,
     check_import_path,
     check_name,
     check_option,
@@ -49,6 +51,8 @@ KEYS: Dict[str, str] = {
     "acl_options": "profiles: torch_npu.npu.set_option keys (ACL_...), applied by the device layer",
     "npu": "profiles: NPU runtime settings: " + ", ".join(NPU_SETTINGS),
     "safe_math": "profiles: force a safe math path under npu-port run: " + ", ".join(SAFE_MATH_KEYS),
+    "fuse_ops": "fused DiT ops installed on the model the strategy is applied to (npu_port.fuse_ops): "
+    + ", ".join(FUSE_OPS),
 }
 
 
@@ -154,6 +158,11 @@ def _check(raw: RawStrategy) -> None:
             check_import_path(data["processor"])
         except ValueError as exc:
             _fail(raw, ("processor",), str(exc))
+    if "fuse_ops" in data:
+        try:
+            check_fuse_ops(data["fuse_ops"])
+        except ValueError as exc:
+            _fail(raw, ("fuse_ops",), str(exc))
     try:
         check_env(_mapping(raw, "env"))
     except ValueError as exc:

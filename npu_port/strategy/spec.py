@@ -27,6 +27,16 @@ DTYPE_POLICIES = ("fp32-softmax", "native")
 COMPUTE_DTYPES = ("float16", "bfloat16")
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math", "overrideable")
 DEVICES = ("auto", "npu", "cuda", "xpu", "mps", "cpu")
+#: The fused ops ``npu_port.fuse_ops`` (and a strategy's ``fuse_ops:``) can install, with what each replaces. The
+#: names live here, below the fuse package, so that a strategy file is checked when it is read (layer 3 never imports
+#: npu_port.fuse, layer 4); :mod:`npu_port.fuse` implements each one.
+FUSE_OPS: Dict[str, str] = {
+    "rms_norm": "diffusers RMSNorm and torch.nn.RMSNorm -> torch_npu.npu_rms_norm",
+    "rope": "rotary embeddings (Flux, HunyuanVideo, CogVideoX, Wan) -> torch_npu.npu_rotary_mul, interleave or half",
+    "geglu_exact": "diffusers GEGLU keeps exact (erf) GELU on NPU: npu_geglu(approximate=0) instead of tanh",
+    "geglu_tanh": "diffusers GEGLU -> npu_geglu(approximate=1), tanh GELU: changes numbers, only when asked",
+    "adaln": "diffusers AdaLayerNormZero/ZeroSingle/Continuous -> MindIE-SD layernorm_scale_shift (needs mindiesd)",
+}
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
@@ -194,6 +204,22 @@ def check_option(name: str, value: Any) -> Any:
     return check_value(name, value, setting, error=StrategyOptionError)
 
 
+def check_fuse_ops(value: Any, what: str = "fuse_ops") -> Tuple[str, ...]:
+    """The fused op names in ``value`` (a list; duplicates dropped, order kept), or ``ValueError`` naming the valid
+    ops. An empty list is valid (it turns off the ``fuse_ops`` a strategy inherits)."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{what} must be a list of op names ({', '.join(FUSE_OPS)}); got {value!r}")
+    unknown = [v for v in value if v not in FUSE_OPS]
+    if unknown:
+        shown = ", ".join(repr(v) for v in unknown)
+        raise ValueError(f"unknown fused op{'s' if len(unknown) > 1 else ''} {shown}; valid ops: {', '.join(FUSE_OPS)}")
+    if "geglu_exact" in value and "geglu_tanh" in value:
+        raise ValueError(
+            "geglu_exact and geglu_tanh exclude each other (exact erf GELU, or the tanh approximation); pick one"
+        )
+    return tuple(dict.fromkeys(value))
+
+
 def check_name(name: Any, what: str = "strategy name") -> str:
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
         raise ValueError(
@@ -238,6 +264,7 @@ class Strategy:
     acl_options: Mapping[str, Any] = field(default_factory=dict)
     npu: Mapping[str, Any] = field(default_factory=dict)
     safe_math: Mapping[str, bool] = field(default_factory=dict)  # profiles: force_safe_math(**safe_math) under run
+    fuse_ops: Tuple[str, ...] = ()  # fused DiT ops installed on the target model (npu_port.fuse_ops)
     source: Optional[str] = None  # file it came from, or None for code-defined strategies
     processor_origin: Optional[str] = None  # "file:line" of the processor key, for import errors
 
@@ -277,10 +304,13 @@ class Strategy:
                 changes["kernel_options"] = {**self.kernel_options, **dict(value)}
             elif key == "env":
                 changes["env"] = {**self.env, **check_env(value)}
+            elif key == "fuse_ops":
+                changes["fuse_ops"] = check_fuse_ops(value)
             elif key in OPTIONS:
                 options[key] = check_option(key, value)
             else:
-                valid = ", ".join(sorted(set(OPTIONS) | {"candidates", "select", "processor", "kernel_options", "env"}))
+                named = {"candidates", "select", "processor", "kernel_options", "env", "fuse_ops"}
+                valid = ", ".join(sorted(set(OPTIONS) | named))
                 raise ValueError(f"unknown option {key!r} for strategy {self.name!r}; valid options: {valid}")
         return replace(self, options=options, **changes)
 

@@ -522,6 +522,25 @@ def test_a_router_tells_a_pure_mask_from_a_bias_of_the_same_shape():
     assert sorted(d.bucket.split("mask=")[1].split()[0] for d in router.decisions.values()) == ["float-pure[B1QK]"]
 
 
+def test_a_router_never_hands_a_float_mask_that_wants_a_gradient_to_the_kernel_chosen_for_one_that_does_not():
+    """npu_fusion takes a pure float mask as its bool mask only when no gradient is wanted for it: a mask of the same
+    shape that requires grad is a bucket of its own, refused there as it is when asked directly (before, the router
+    reused npu_fusion and the mask's gradient was silently None)."""
+    keep = torch.rand(2, 1, 6, 7, generator=torch.Generator().manual_seed(11)) > 0.3
+    query, key, value = (t.requires_grad_() for t in _qkv())
+    with emulated_torch_npu():
+        router = StrategyRouter(get_strategy("npu"))
+        router(query, key, value, _additive(keep, -math.inf, torch.float16))
+        wants_grad = _additive(keep, -math.inf, torch.float16).requires_grad_()
+        with pytest.raises(NoKernelError) as info:
+            router(query, key, value, wants_grad)
+    assert list(router.calls.items()) == [("npu_fusion", 1)]
+    assert "float mask (2, 1, 6, 7) requires grad" in str(info.value)
+    assert wants_grad.grad is None
+    buckets = sorted(d.bucket.split("mask=")[1].split()[0] for d in router.decisions.values())
+    assert buckets == ["float-pure[B1QK]"]
+
+
 def test_a_strategy_declares_diffusers_masks_for_every_layer():
     query, key, value = _qkv()
     keep = torch.rand(2, 1, 6, 7, generator=torch.Generator().manual_seed(8)) > 0.4

@@ -25,6 +25,7 @@ PUBLIC = [
     "activate",
     "patch_legacy_attention",
     "register_fallback",
+    "fuse_ops",
     "NpuPortError",
     "Reason",
     "__version__",

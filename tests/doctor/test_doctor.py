@@ -334,11 +334,14 @@ def test_recommended_settings_warn_on_an_npu_and_inform_elsewhere(monkeypatch):
 @pytest.mark.parametrize(
     "version, expected",
     [
-        ("0.33.0", {"imports-torch-npu", "npu-rms-norm-and-singleton-masks"}),
+        ("0.27.2", {"imports-torch-npu", "npu-rms-norm-and-singleton-masks"}),
+        ("0.28.0", {"imports-torch-npu", "npu-rms-norm-and-singleton-masks", "geglu-tanh-on-npu"}),
+        ("0.33.0", {"imports-torch-npu", "npu-rms-norm-and-singleton-masks", "geglu-tanh-on-npu"}),
         (
             "0.35.2",
             {
                 "imports-torch-npu",
+                "geglu-tanh-on-npu",
                 "native-npu-drops-causal-and-inverts-float-masks",
                 "npu-rms-norm-and-singleton-masks",
                 "attn-backend-env-read-once",
@@ -350,6 +353,7 @@ def test_recommended_settings_warn_on_an_npu_and_inform_elsewhere(monkeypatch):
             "0.42.1",
             {
                 "imports-torch-npu",
+                "geglu-tanh-on-npu",
                 "native-npu-drops-causal-and-inverts-float-masks",
                 "attn-backend-env-read-once",
                 "set-use-npu-flash-attention-false",
@@ -494,7 +498,7 @@ def test_doctor_on_this_machine():
 
     as_json_run = _run_cli("doctor", "--json")
     report = json.loads(as_json_run.stdout)
-    assert set(report) == {"npu_port_version", "exit_code", "verdict", "findings"}
+    assert set(report) == {"npu_port_version", "exit_code", "verdict", "findings", "torch_npu_pairings"}
     assert report["exit_code"] == as_json_run.returncode == text.returncode
     statuses = {finding["status"] for finding in report["findings"]}
     assert report["exit_code"] == exit_code(Finding("x", "x", status, "x") for status in statuses)

@@ -40,10 +40,16 @@ DTYPES = (torch.float32, torch.float32, torch.float16, torch.bfloat16)
 # ---- ground truth, written from the packages' documentation (no npu_port code) ------------------------------------
 
 
-def flash_keep(q_len: int, key_len: int, causal: bool, window: Sequence[int] = (-1, -1)) -> torch.Tensor:
+def flash_keep(
+    q_len: int, key_len: int, causal: bool, window: Sequence[int] = (-1, -1), seqlen_k: Optional[int] = None
+) -> torch.Tensor:
     """flash-attn's rule: query i sees keys in [i + key_len - q_len - left, i + key_len - q_len + right], -1 =
-    unbounded, causal = right 0."""
+    unbounded, causal = right 0. With ``seqlen_k`` (what flash-attn's ``mha_fwd`` compares the window with: the key
+    length, ``max_seqlen_k`` in varlen, the cache length with a KV cache), a side >= seqlen_k is unbounded first
+    (``if (window_size_left >= seqlen_k) window_size_left = -1``, the same for the right)."""
     left, right = window
+    if seqlen_k:
+        left, right = (-1 if side >= seqlen_k else side for side in (left, right))
     if causal:
         right = 0
     keep = torch.ones(q_len, key_len, dtype=torch.bool)
@@ -160,7 +166,7 @@ def packed_path(request):
 def test_flash_attn_func_matches_reference(case, causal, window):
     q, k, v, scale = case
     out = fa.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window)
-    ref = reference_bshd(q, k, v, flash_keep(q.shape[1], k.shape[1], causal, window), scale=scale)
+    ref = reference_bshd(q, k, v, flash_keep(q.shape[1], k.shape[1], causal, window, k.shape[1]), scale=scale)
     assert out.dtype == q.dtype and out.is_contiguous()
     assert_close_to_reference(out, ref, q.dtype)
 
@@ -184,11 +190,24 @@ def test_flash_rows_without_keys_give_zeros():
     assert not torch.isnan(out).any() and out[:, 4:].abs().sum() > 0
 
 
+def test_a_window_side_as_long_as_the_keys_is_unbounded_as_in_flash_attn():
+    """flash-attn's mha_fwd (and flash-attn-npu's) turns a window side >= seqlen_k into -1 before aligning the window:
+    with more queries than keys, early rows then see every key, not none, unlike the docstring formula alone."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = torch.randn(1, 6, 2, 8, generator=gen), torch.randn(1, 2, 2, 8, generator=gen), torch.randn(1, 2, 2, 8)
+    out = fa.flash_attn_func(q, k, v, window_size=(0, 2))  # right 2 >= 2 keys: unbounded; left 0: keys j >= i - 4
+    keep = torch.tensor([[1, 1]] * 5 + [[0, 1]], dtype=torch.bool)
+    assert_close_to_reference(out, reference_bshd(q, k, v, keep), torch.float32)
+    cu = _cu([6])
+    packed = fa.flash_attn_varlen_func(q[0], k[0], v[0], cu, _cu([2]), 6, 2, window_size=(0, 2))
+    assert_close_to_reference(packed, reference_bshd(q, k, v, keep)[0], torch.float32)
+
+
 @settings(max_examples=60)
 @given(case=dense_cases(), causal=st.booleans(), window=windows())
 def test_flash_packed_variants_match_reference(case, causal, window):
     q, k, v, scale = case
-    keep = flash_keep(q.shape[1], k.shape[1], causal, window)
+    keep = flash_keep(q.shape[1], k.shape[1], causal, window, k.shape[1])
     kv_out = fa.flash_attn_kvpacked_func(
         q, torch.stack([k, v], dim=2), softmax_scale=scale, causal=causal, window_size=window
     )
@@ -198,7 +217,7 @@ def test_flash_packed_variants_match_reference(case, causal, window):
     qkv = torch.stack([q[:, :, :heads], k_same, v_same], dim=2)
     qkv_out = fa.flash_attn_qkvpacked_func(qkv, softmax_scale=scale, causal=causal, window_size=window)
     q_len = q.shape[1]
-    ref = reference_bshd(q[:, :, :heads], k_same, v_same, flash_keep(q_len, q_len, causal, window), scale=scale)
+    ref = reference_bshd(q[:, :, :heads], k_same, v_same, flash_keep(q_len, q_len, causal, window, q_len), scale=scale)
     assert_close_to_reference(qkv_out, ref, q.dtype)
 
 
@@ -218,7 +237,8 @@ def test_flash_varlen_matches_per_sequence_reference(packed_path, case, causal, 
         causal=causal,
         window_size=window,
     )
-    ref = reference_packed(q, k, v, q_lens, k_lens, lambda sq, sk: flash_keep(sq, sk, causal, window), scale)
+    longest = max(k_lens)  # max_seqlen_k bounds the window (mha_varlen_fwd)
+    ref = reference_packed(q, k, v, q_lens, k_lens, lambda sq, sk: flash_keep(sq, sk, causal, window, longest), scale)
     assert_close(out, ref, q.dtype)
 
 
@@ -306,7 +326,7 @@ def test_flash_attn_with_kvcache_matches_reference(case, cache_len, fill, causal
     for b, filled in enumerate(fill):
         length = filled + new  # each item attends to its filled length, the band aligned bottom-right to it
         keep = torch.zeros(q_len, cache_len, dtype=torch.bool)
-        keep[:, :length] = flash_keep(q_len, length, causal, window)
+        keep[:, :length] = flash_keep(q_len, length, causal, window, cache_len)  # mha_fwd_kvcache: the cache length
         ref = reference_bshd(q[b : b + 1], k_expected[b : b + 1], v_expected[b : b + 1], keep, scale=scale)
         assert_close_to_reference(out[b : b + 1], ref, q.dtype)
 

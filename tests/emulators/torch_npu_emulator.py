@@ -712,7 +712,8 @@ def npu_fused_infer_attention_score(
 
 
 def build_module() -> types.ModuleType:
-    """A fresh module named ``torch_npu`` carrying the two emulated ops; put it in ``sys.modules["torch_npu"]``.
+    """A fresh module named ``torch_npu`` carrying the emulated ops (the two attention ops here, the fused DiT ops of
+    tests/emulators/torch_npu_fused_ops.py); put it in ``sys.modules["torch_npu"]``.
 
     It has a real ``__spec__`` so ``importlib.util.find_spec("torch_npu")`` works on it, and the marker
     ``NPU_PORT_EMULATOR = True`` so code and reports can tell it from the real package.
@@ -728,6 +729,10 @@ def build_module() -> types.ModuleType:
     module.NPU_PORT_EMULATOR = True
     module.npu_fusion_attention = npu_fusion_attention
     module.npu_fused_infer_attention_score = npu_fused_infer_attention_score
+    from . import torch_npu_fused_ops  # the fused DiT ops (npu_rms_norm, npu_rotary_mul, npu_geglu); imports this
+
+    for name in torch_npu_fused_ops.__all__:
+        setattr(module, name, getattr(torch_npu_fused_ops, name))
     return module
 
 

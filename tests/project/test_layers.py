@@ -35,6 +35,7 @@ LAYER = {
     "fallbacks": 4,
     "shims": 4,  # the old paths of dropins / fallbacks, deprecated (one release)
     "runtime": 4,
+    "fuse": 4,  # fused DiT ops (npu_port.fuse_ops); reached from the strategy layer through its key applier
     "parallel": 4,  # multi-device: diffusers context parallelism, CFG parallelism (uses integrations)
     "bench": 5,
     "doctor": 5,

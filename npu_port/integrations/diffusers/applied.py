@@ -198,6 +198,8 @@ class AppliedAttention:
         self._undo_processors: List[ProcessorLayer] = []
         self._unwatch: List[Callable[[], None]] = []
         self._finalizers: List[weakref.finalize] = []
+        #: a pipeline's transformers components, routed through transformers' AttentionInterface (restored with this)
+        self.text: Any = None
 
     @property
     def target(self) -> Any:
@@ -321,6 +323,8 @@ class AppliedAttention:
             lines.append(f"  attention calls routed: {self.total_calls} ({paths})")
         for reason, number in sorted(self.tally.declined.items()):
             lines.append(f"  left to diffusers: {number} x {reason}")
+        if self.text is not None:
+            lines += [f"  {line}" for line in self.text.describe().splitlines()]
         if self.left_alone:
             changed_count = len(self.left_alone)
             lines.append(
@@ -377,6 +381,11 @@ class AppliedAttention:
                     first_error = first_error or exc
         self._undo_processors.clear()
         routing.release_patches()
+        if self.text is not None:
+            try:
+                self.text.restore()
+            except Exception as exc:  # pragma: no cover - restoring configs does not fail
+                first_error = first_error or exc
         if first_error is not None:
             raise first_error
 

@@ -38,7 +38,7 @@ from .patches import PatchLease
 from .processor import RoutedAttnProcessor
 from .routing import AttentionFn, Route, install_route_hooks
 from .scores import diffusers_scores
-from .targets import LEGACY_ONLY, describe_type, find_attention
+from .targets import LEGACY_ONLY, components, describe_type, find_attention, is_pipeline
 from .watch import watch
 
 ATTENTION_FN_SIGNATURE = (
@@ -187,7 +187,9 @@ def apply_to_target(
     ``target``: a diffusers model (``ModelMixin``), a ``DiffusionPipeline`` (each ``torch.nn.Module`` component), or
     a ``torch.nn.Module`` containing diffusers ``Attention`` / ``AttentionModuleMixin`` modules or legacy attention
     (routed too: :func:`_install_legacy`); anything else raises :class:`TypeError`, and a target with no attention
-    module of either kind raises :class:`ValueError`.
+    module of either kind (nor, for a pipeline, a text encoder) raises :class:`ValueError`. A pipeline's
+    transformers components (text encoders) are routed too, through transformers' attention interface
+    (:mod:`npu_port.integrations.transformers_attention`), and restored with the rest.
 
     ``attention_fn(query, key, value, attn_mask=None, *, dropout_p=0.0, is_causal=False, scale=None,
     enable_gqa=False)``: exactly ``torch.nn.functional.scaled_dot_product_attention``'s semantics, ``(B, H, S, D)``
@@ -199,9 +201,12 @@ def apply_to_target(
     Returns an :class:`~.applied.AppliedAttention` (what changed, call counts, ``restore()``). If anything fails
     part-way, what was already changed is undone and the error propagates.
     """
+    from ..transformers_attention import apply_to_transformers, text_models  # it imports .routing: not at the top
+
     _check_arguments(attention_fn, processor_factory)
     api = classes.load()
-    found, legacy = find_attention(target, api)
+    text = text_models(components(target, api)) if processor_factory is None and is_pipeline(target, api) else []
+    found, legacy = find_attention(target, api, others=bool(text))
     if processor_factory is not None and not found:
         kinds = ", ".join(sorted({type(module).__name__ for _, module in legacy}))
         raise ValueError(LEGACY_ONLY.format(name=type(target).__name__, classes=kinds))
@@ -215,6 +220,8 @@ def apply_to_target(
             _install_routing(applied, found, attention_fn, api)  # type: ignore[arg-type]
             if legacy:
                 _install_legacy(applied, legacy, attention_fn)  # type: ignore[arg-type]
+            if text:  # the pipeline's transformers components: routed through transformers' AttentionInterface
+                applied.text = apply_to_transformers(target, attention_fn, models=text, tally=applied.tally)
     except BaseException:
         applied.restore()
         raise

@@ -1,7 +1,8 @@
 """What a target is, and which attention modules it holds (with the names ``explain`` shows).
 
 A target is a diffusers model, a pipeline (every ``torch.nn.Module`` component: unet, transformer, vae, controlnet,
-text encoders — the last hold no diffusers attention and are passed over), or any ``torch.nn.Module`` that contains
+text encoders — the last hold no diffusers attention: the applier routes them through transformers' attention
+interface instead), or any ``torch.nn.Module`` that contains
 diffusers attention modules. "Attention module" means what diffusers itself routes through a processor:
 ``diffusers.models.attention_processor.Attention`` and subclasses of the newer ``AttentionModuleMixin``
 (``FluxAttention`` and friends) — and, beside them, the legacy attention a model may hold (a project's copy of
@@ -76,7 +77,7 @@ def attention_modules(target: Any, api: DiffusersClasses) -> List[Tuple[str, nn.
 
 
 def find_attention(
-    target: Any, api: DiffusersClasses
+    target: Any, api: DiffusersClasses, others: bool = False
 ) -> Tuple[List[Tuple[str, nn.Module]], List[Tuple[str, nn.Module]]]:
     """``(diffusers attention modules, legacy attention modules)`` of ``target``, each as ``(qualified name,
     module)``; legacy ones are those :func:`npu_port.integrations.legacy_attention.find_legacy_attention` finds (a
@@ -84,12 +85,12 @@ def find_attention(
     ``AttentionBlock`` up to 0.16).
 
     Raises :class:`TypeError` for a target that is not a module or pipeline, and :class:`ValueError` when it holds
-    neither kind.
+    neither kind, unless ``others`` (a pipeline whose text encoders have attention to route).
     """
     from ..legacy_attention.contract import find_legacy_attention
 
     found = attention_modules(target, api)
     legacy = find_legacy_attention(target)
-    if not found and not legacy:
+    if not found and not legacy and not others:
         raise ValueError(no_attention_message(target))
     return found, legacy

@@ -24,7 +24,9 @@ class FlashAttnUnsupported(Rule):
     a paged ``block_table`` or rotary embeddings inside ``flash_attn_with_kvcache``.
 
     npu-port's flash_attn drop-in refuses these (DropInError) rather than compute something else, so the call raises
-    under ``npu-port run`` on an NPU or a CPU. The message says what to do for each argument.
+    under ``npu-port run`` on a CPU or a GPU, and on an NPU unless flash-attn-npu is installed there (Ascend 910B /
+    910C): the drop-in then hands the call to ``flash_attn_npu``, which has all of them but rotary embeddings (see
+    :mod:`npu_port.dropins.flash_attn_npu`). The message says what to do for each argument.
 
     Example::
 
@@ -44,6 +46,9 @@ class FlashAttnUnsupported(Rule):
             bad = [k for k, v in FLASH_UNSUPPORTED.items() if not is_constant(argument(call, k), v)]
             if bad:
                 needs = "; ".join(f"{k}: {_WHAT[k]}" for k in bad)
+                npu = "" if "rotary_cos" in bad else " unless flash-attn-npu runs it (Ascend 910B / 910C)"
                 yield source.finding(
-                    self, call, f"`{function}` with {', '.join(bad)}: the drop-in refuses it (DropInError). {needs}"
+                    self,
+                    call,
+                    f"`{function}` with {', '.join(bad)}: the drop-in refuses it (DropInError){npu}. {needs}",
                 )
