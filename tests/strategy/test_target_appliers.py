@@ -14,7 +14,6 @@ import torch
 import npu_port
 from npu_port.errors import StrategyError
 from npu_port.integrations import DIFFUSERS_APPLIER, TRANSFORMERS_APPLIER
-
 from npu_port.strategy.appliers import applier_for, register_target_applier, registered_target_appliers
 
 from ..reference import assert_close_to_reference, reference_attention
