@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -22,7 +22,7 @@ from ..reasons import Reason, as_reason
 PICKED, OK, REJECTED, REFUSED, SKIPPED = "picked", "ok", "rejected", "refused", "skipped"
 
 
-def mask_form(call: AttentionCall, pure: Optional[bool] = None) -> str:
+def mask_form(call: AttentionCall, pure: Union[None, bool, Tuple[bool, ...]] = None) -> str:
     """``none``, or the mask kind and its broadcast pattern over (B, H, Sq, Skv): ``bool[B1QK]``, ``float[11QK]``.
     Where a candidate kernel's choice depends on whether a float mask is a pure mask (``pure`` known: the Ascend
     kernels, sdpa on an NPU), the kind says which: ``float-pure[B11K]`` or ``float-bias[BHQK]``. A float mask that
@@ -32,7 +32,12 @@ def mask_form(call: AttentionCall, pure: Optional[bool] = None) -> str:
         return "none"
     letters = "BHQK"
     pattern = "".join("1" if size == 1 else letters[i] for i, size in enumerate(call.mask.shape))
-    kind = call.mask.kind if pure is None else ("float-pure" if pure else "float-bias")
+    if pure is None:
+        kind = call.mask.kind
+    elif isinstance(pure, tuple):  # candidates judge with different masked values: one answer each
+        kind = "float-" + "/".join("pure" if answer else "bias" for answer in pure)
+    else:
+        kind = "float-pure" if pure else "float-bias"
     return f"{kind}{'+grad' if mask_needs_grad(call) else ''}[{pattern}]"
 
 
@@ -42,7 +47,7 @@ def mask_needs_grad(call: AttentionCall) -> bool:
     return mask is not None and mask.bias is not None and mask.bias.requires_grad and torch.is_grad_enabled()
 
 
-def bucket_signature(call: AttentionCall, pure: Optional[bool] = None) -> Tuple[Any, ...]:
+def bucket_signature(call: AttentionCall, pure: Union[None, bool, Tuple[bool, ...]] = None) -> Tuple[Any, ...]:
     """What the router looks its choice up by, on every call: a tuple that determines :func:`bucket_key` (the exact
     shapes fix the mask's broadcast pattern), built from a few attribute reads. The readable string is made only
     when a bucket is first seen. ``pure``: whether the float mask is a pure mask, where that matters (see
@@ -63,7 +68,7 @@ def bucket_signature(call: AttentionCall, pure: Optional[bool] = None) -> Tuple[
     )
 
 
-def bucket_key(call: AttentionCall, pure: Optional[bool] = None) -> str:
+def bucket_key(call: AttentionCall, pure: Union[None, bool, Tuple[bool, ...]] = None) -> str:
     """The bucket of a call, as a stable string (also the on-disk cache key and what ``explain()`` shows)."""
     return (
         f"{call.device} {dtype_name(call.dtype)} B={call.batch} H={call.heads}/{call.kv_heads} "

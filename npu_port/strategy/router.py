@@ -59,6 +59,12 @@ def strategy_options_for(kernel: Union[str, Kernel, Type[Kernel]], strategy: Str
     return options
 
 
+def _masked_value(kernel: Kernel) -> Optional[float]:
+    """The ``masked_value`` a kernel judges float masks with (a cast kernel: its inner kernel's)."""
+    inner = getattr(kernel, "inner", kernel)
+    return inner.options.get("masked_value")
+
+
 def configured_kernels(strategy: Strategy) -> List[Kernel]:
     """The candidate kernels with the strategy's options applied (each kernel's ``STRATEGY_OPTIONS``), then the
     strategy's ``kernel_options`` for that kernel."""
@@ -117,8 +123,9 @@ class StrategyRouter:
         self.caches: Dict[str, DecisionCache] = {}
         self.probes = 0
         self.unmeasured: Optional[Decision] = None  # the last call auto could not measure (NaN / inf inputs)
-        self.masked_value: Optional[float] = strategy.option("masked_value")
-        self._reads_mask_values: Dict[str, bool] = {}  # by device type: does a candidate's choice depend on them
+        #: by device type: the distinct ``masked_value`` options of the candidates whose choice depends on a float
+        #: mask's values there (empty: none does); each kernel judges purity with its own, so the bucket must too
+        self._masked_values: Dict[str, Tuple[Optional[float], ...]] = {}
         self._lock = threading.Lock()
 
     # ---- what the strategy can do here ------------------------------------------------------------------------
@@ -164,18 +171,25 @@ class StrategyRouter:
         """The kernel for ``call`` (raises with every reason when none can run it)."""
         return self._select(call)[0]
 
-    def _pure(self, call: AttentionCall) -> Optional[bool]:
+    def _pure(self, call: AttentionCall) -> Union[None, bool, Tuple[bool, ...]]:
         """Whether ``call``'s float mask is a pure mask, when a candidate's choice depends on it on this device (a
-        kernel that converts pure masks: see ``Kernel.reads_mask_values``); None otherwise. Read once per mask
-        tensor (``float_mask_facts`` keeps it), so a model's layers that share a mask pay for one check."""
+        kernel that converts pure masks: see ``Kernel.reads_mask_values``); None otherwise. Each such kernel judges
+        with its own ``masked_value`` (a strategy's ``kernel_options`` can give two kernels different ones), so with
+        several values the answer is one per value. Read once per mask tensor and value (``float_mask_facts`` keeps
+        it), so a model's layers that share a mask pay for one check."""
         mask = call.mask
         if mask is None or mask.bias is None:
             return None
         device_type = call.device.type
-        reads = self._reads_mask_values.get(device_type)
-        if reads is None:
-            reads = self._reads_mask_values[device_type] = any(k.reads_mask_values(device_type) for k in self.kernels)
-        return float_mask_facts(mask, self.masked_value).pure if reads else None
+        values = self._masked_values.get(device_type)
+        if values is None:
+            values = self._masked_values[device_type] = tuple(
+                dict.fromkeys(_masked_value(k) for k in self.kernels if k.reads_mask_values(device_type))
+            )
+        if not values:
+            return None
+        answers = tuple(float_mask_facts(mask, value).pure for value in values)
+        return answers[0] if len(answers) == 1 else answers
 
     def bucket(self, call: AttentionCall) -> str:
         """The bucket ``call`` falls in for this router (its decisions are kept by it)."""

@@ -541,6 +541,25 @@ def test_a_router_never_hands_a_float_mask_that_wants_a_gradient_to_the_kernel_c
     assert buckets == ["float-pure[B1QK]"]
 
 
+def test_a_router_judges_purity_with_each_kernels_own_masked_value():
+    """kernel_options can give the two Ascend kernels different masked values: a -10000 mask is pure to npu_fusion and a
+    bias to npu_fused_infer, so it must not reuse the kernel the router chose for a 0/-inf mask of the same shape
+    (before, it did, and npu_fused_infer raised KernelRuntimeError on a valid configuration)."""
+    query, key, value = _qkv()
+    keep = torch.rand(2, 1, 6, 7, generator=torch.Generator().manual_seed(12)) > 0.3
+    strategy = get_strategy("npu").with_overrides(
+        masked_value=-10000.0, kernel_options={"npu_fused_infer": {"masked_value": None}}
+    )
+    with emulated_torch_npu(), torch.no_grad():
+        router = StrategyRouter(strategy)
+        router(query, key, value, _additive(keep, -math.inf, torch.float16))
+        out = router(query, key, value, (1 - keep.half()) * -10000.0)
+    assert list(router.calls.items()) == [("npu_fused_infer", 1), ("npu_fusion", 1)]
+    assert_close_to_reference(out, reference_attention(query, key, value, keep=keep), torch.float16)
+    buckets = sorted(d.bucket.split("mask=")[1].split()[0] for d in router.decisions.values())
+    assert buckets == ["float-bias/pure[B1QK]", "float-pure/pure[B1QK]"]
+
+
 def test_a_strategy_declares_diffusers_masks_for_every_layer():
     query, key, value = _qkv()
     keep = torch.rand(2, 1, 6, 7, generator=torch.Generator().manual_seed(8)) > 0.4

@@ -13,10 +13,13 @@ import torch
 
 import npu_port
 from npu_port.errors import StrategyError
-from npu_port.integrations import DIFFUSERS_APPLIER
+from npu_port.integrations import DIFFUSERS_APPLIER, TRANSFORMERS_APPLIER
 from npu_port.strategy.appliers import applier_for, register_target_applier, registered_target_appliers
 
 from ..reference import assert_close_to_reference, reference_attention
+
+#: npu-port's own appliers, in the order they are asked: transformers models by their test, then the catch-all.
+BUILT_IN = [TRANSFORMERS_APPLIER, DIFFUSERS_APPLIER]
 
 
 class LegacyModel:
@@ -113,11 +116,17 @@ def test_appliers_with_a_test_are_asked_latest_first_and_the_catch_all_last():
         with register_target_applier("test-second", _recording_applier(second), accepts=lambda t: True) as b:
             with register_target_applier("test-catch-all", _recording_applier(catch_all)) as c:
                 assert applier_for(LegacyModel()) is b
-                assert registered_target_appliers() == [b, a, c, DIFFUSERS_APPLIER]  # the latest catch-all first
+                assert registered_target_appliers() == [
+                    b,
+                    a,
+                    TRANSFORMERS_APPLIER,
+                    c,
+                    DIFFUSERS_APPLIER,
+                ]  # latest first
             with register_target_applier("test-second", _recording_applier(second), accepts=lambda t: False) as again:
                 assert not b.active and again.active  # the same name replaces the earlier registration
                 assert applier_for(LegacyModel()) is a
-    assert registered_target_appliers() == [DIFFUSERS_APPLIER]
+    assert registered_target_appliers() == BUILT_IN
 
 
 def test_with_no_applier_at_all_the_error_says_so(monkeypatch):
@@ -154,7 +163,7 @@ def test_bad_registrations_are_refused_with_exact_messages(args, kwargs, message
     with pytest.raises(StrategyError) as info:
         register_target_applier(*args, **kwargs)
     assert str(info.value) == message
-    assert registered_target_appliers() == [DIFFUSERS_APPLIER]
+    assert registered_target_appliers() == BUILT_IN
 
 
 @pytest.mark.e2e
@@ -163,9 +172,9 @@ def test_importing_npu_port_registers_the_diffusers_applier_without_importing_di
     code = (
         "import json, sys, npu_port\n"
         "from npu_port.strategy.appliers import registered_target_appliers\n"
-        "print(json.dumps({'appliers': [(a.name, a.accepts) for a in registered_target_appliers()],\n"
-        "                  'loaded': sorted(m for m in ('torch', 'diffusers', 'yaml') if m in sys.modules)}))\n"
+        "print(json.dumps({'appliers': [(a.name, a.accepts is None) for a in registered_target_appliers()],\n"
+        "                  'loaded': sorted(m for m in ('torch', 'diffusers', 'transformers', 'yaml') if m in sys.modules)}))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"appliers": [["diffusers", None]], "loaded": []}
+    assert json.loads(result.stdout) == {"appliers": [["transformers", False], ["diffusers", True]], "loaded": []}
