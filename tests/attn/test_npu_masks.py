@@ -1,8 +1,8 @@
 """Float, key-padding and causal masks on the fused Ascend path (and SDPA on an NPU), through the emulator.
 
 A float mask that is a pure mask (0 and masked values: -inf, finfo.min, a declared masked_value) becomes the op's
-bool mask; a key-padding mask becomes ``actual_seq_lengths_kv`` on the inference op; a bias is refused with the
-reason. Every answer is checked against the float64 reference, what reaches the op is read off a spy, and the
+bool mask; a key-padding mask becomes ``actual_seq_lengths_kv`` on the inference op; a bias goes to
+npu_fusion_attention's ``pse`` (scale 1, the query pre-scaled) and is refused by the inference op with the reason. Every answer is checked against the float64 reference, what reaches the op is read off a spy, and the
 conversions are counted: once per mask tensor and call signature, not per call.
 """
 
@@ -21,7 +21,7 @@ import npu_port
 from npu_port.attn import AttentionCall, get_kernel, masks
 from npu_port.attn.kernels import _ascend, sdpa
 from npu_port.attn.target import Target
-from npu_port.errors import KernelOptionError, NoKernelError, StrategyOptionError
+from npu_port.errors import KernelOptionError, StrategyOptionError
 from npu_port.strategy.registry import get_strategy
 from npu_port.strategy.router import StrategyRouter, strategy_options_for
 
@@ -121,47 +121,42 @@ def test_a_declared_masked_value_makes_diffusers_minus_10000_masks_exact_bool_ma
     assert not torch.allclose(as_bias[1, :, 0], torch.zeros(2, 16, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("name", ASCEND)
-def test_without_the_declaration_minus_10000_is_a_bias_and_is_refused(name):
+def test_without_the_declaration_minus_10000_is_a_bias_refused_by_the_inference_op_taken_by_npu_fusion():
     query, key, value = _qkv()
     keep = torch.rand(2, 1, 6, 7, generator=torch.Generator().manual_seed(2)) > 0.5
     call = AttentionCall.from_arguments(query, key, value, (1 - keep.half()) * -10000.0)
-    note = _ascend.FIA_PSE_NOTE if name == "npu_fused_infer" else _ascend.FUSION_PSE_NOTE
     with emulated_torch_npu():
-        found = get_kernel(name).reasons(call)
-        declared = get_kernel(name, masked_value=-10000.0).reasons(call)
+        found = get_kernel("npu_fused_infer").reasons(call)
+        declared = get_kernel("npu_fused_infer", masked_value=-10000.0).reasons(call)
+        as_pse = get_kernel("npu_fusion").reasons(call)
     assert [(r.code, str(r)) for r in found] == [
         (
             "mask",
             "float mask (2, 1, 6, 7) is a bias, not a pure mask: it holds -10000, and a pure mask holds only 0 (kept) "
-            f"and masked values (-inf, values <= -32752); {note}; pass a bool keep-mask or a pure mask (declare your "
-            "masks' masking value, e.g. diffusers' -10000, with the masked_value option), or run the call on the sdpa "
-            "or chunked kernel, which add a bias as it is",
+            f"and masked values (-inf, values <= -32752); {_ascend.FIA_PSE_NOTE}; pass a bool keep-mask or a pure "
+            "mask (declare your masks' masking value, e.g. diffusers' -10000, with the masked_value option), or run "
+            "the call on the sdpa or chunked kernel, which add a bias as it is",
         )
     ]
-    assert declared == []
+    assert declared == [] and as_pse == []
 
 
-def test_the_pse_notes_name_both_documented_formulas():
-    assert _ascend.FUSION_PSE_NOTE == (
-        "npu_fusion_attention's pse input could carry a bias, but its docs scale it two ways and no test of theirs "
-        "pins one: the formula softmax(scale * (pse + q k^T)), the example softmax(scale * q k^T + pse)"
-    )
+def test_the_inference_ops_pse_note_says_why_and_where_biases_go():
     assert _ascend.FIA_PSE_NOTE == (
         "npu_fused_infer_attention_score's pse_shift input could carry a bias, but its documented formula "
-        "softmax(scale * q k^T + atten_mask) has no pse, so how it is scaled is not documented"
+        "softmax(scale * q k^T + atten_mask) has no pse, so how it is scaled is not documented (npu_fusion takes "
+        "biases, as npu_fusion_attention's pse)"
     )
 
 
-@pytest.mark.parametrize("name", ASCEND)
-def test_a_bias_with_a_declared_value_is_refused_with_the_declaration_in_the_message(name):
+def test_a_bias_with_a_declared_value_is_refused_with_the_declaration_in_the_message():
     query, key, value = _qkv()
     bias = torch.zeros(1, 1, 6, 7, dtype=torch.float16)
     bias[0, 0, 2, 3] = -10000.0
     bias[0, 0, 4, 5] = float("nan")
     call = AttentionCall.from_arguments(query, key, value, bias)
     with emulated_torch_npu():
-        (reason,) = get_kernel(name, masked_value=-10000.0).reasons(call)
+        (reason,) = get_kernel("npu_fused_infer", masked_value=-10000.0).reasons(call)
     assert str(reason).startswith(
         "float mask (1, 1, 6, 7) is a bias, not a pure mask: it holds nan, and a pure mask holds only 0 (kept) and "
         "masked values (-inf, values <= -32752, or the declared masked_value -10000); "
@@ -171,7 +166,7 @@ def test_a_bias_with_a_declared_value_is_refused_with_the_declaration_in_the_mes
     )
 
 
-def test_a_float_mask_that_needs_a_gradient_stays_off_the_training_op():
+def test_a_pure_float_mask_that_needs_a_gradient_stays_off_the_training_op():
     query, key, value = (t.float().requires_grad_(True) for t in _qkv())
     mask = torch.zeros(1, 1, 6, 7).masked_fill(torch.rand(1, 1, 6, 7, generator=torch.Generator()) > 0.7, -math.inf)
     call = AttentionCall.from_arguments(query, key, value, mask.requires_grad_(True))
@@ -508,18 +503,19 @@ def test_masked_value_is_an_option_set_from_the_strategy():
 
 def test_a_router_tells_a_pure_mask_from_a_bias_of_the_same_shape():
     """The router keeps one choice per bucket: a pure mask and a bias of one shape are two buckets, so a bias never
-    reaches the kernel chosen for the pure mask."""
+    reaches the kernel chosen for the pure mask (the inference op, which refuses biases): it runs on npu_fusion."""
     query, key, value = _qkv()
     pure = _additive(torch.rand(2, 1, 6, 7, generator=torch.Generator()) > 0.3, -math.inf, torch.float16)
+    bias = torch.randn(2, 1, 6, 7, generator=torch.Generator().manual_seed(3)).half()
     with emulated_torch_npu(), torch.no_grad():
         router = StrategyRouter(get_strategy("npu"))
         out = router(query, key, value, pure)
-        with pytest.raises(NoKernelError) as info:
-            router(query, key, value, torch.full((2, 1, 6, 7), 0.5, dtype=torch.float16))
+        biased = router(query, key, value, bias)
     assert_close_to_reference(out, reference_attention(query, key, value, keep=pure == 0), torch.float16)
-    assert list(router.calls) == ["npu_fused_infer"]
-    assert "it holds 0.5" in str(info.value)
-    assert sorted(d.bucket.split("mask=")[1].split()[0] for d in router.decisions.values()) == ["float-pure[B1QK]"]
+    assert_close_to_reference(biased, reference_attention(query, key, value, bias=bias.double()), torch.float16)
+    assert dict(router.calls) == {"npu_fused_infer": 1, "npu_fusion": 1}
+    buckets = sorted(d.bucket.split("mask=")[1].split()[0] for d in router.decisions.values())
+    assert buckets == ["float-bias[B1QK]", "float-pure[B1QK]"]
 
 
 def test_a_strategy_declares_diffusers_masks_for_every_layer():
