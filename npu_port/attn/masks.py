@@ -303,10 +303,13 @@ def mask_keep(mask: CanonicalMask, masked_value: Optional[float] = None) -> Tens
 class FloatMaskFacts:
     """What a float mask's values say. ``pure``: every entry is 0 or masked (``-inf``, at or below
     :data:`MASKED_AT_OR_BELOW`, or the declared ``masked_value``), so a bool mask says the same, exactly.
-    Otherwise ``example`` is one value that makes it a bias (a non-zero value on a kept position, or NaN)."""
+    Otherwise ``example`` is one value that makes it a bias (a non-zero value on a kept position, or NaN).
+    ``any_masked``: whether any entry is masked (:func:`mask_keep` is not all True): a bias without one needs no
+    bool mask beside it."""
 
     pure: bool
     example: Optional[float] = None
+    any_masked: bool = True
 
 
 def float_mask_facts(mask: CanonicalMask, masked_value: Optional[float] = None) -> Optional[FloatMaskFacts]:
@@ -318,9 +321,10 @@ def float_mask_facts(mask: CanonicalMask, masked_value: Optional[float] = None) 
     def decide() -> FloatMaskFacts:
         values = mask.source.detach()
         bias = torch.isnan(values) | (~_masked_entries(values, masked_value) & (values != 0))
-        if not bool(bias.any()):
-            return FloatMaskFacts(True)
-        return FloatMaskFacts(False, values[bias][0].item())
+        is_bias, any_masked = torch.stack([bias.any(), ~mask_keep(mask, masked_value).all()]).tolist()  # one sync
+        if not is_bias:
+            return FloatMaskFacts(True, any_masked=any_masked)
+        return FloatMaskFacts(False, values[bias][0].item(), any_masked)
 
     return memoized(mask, ("facts", masked_value), decide)
 

@@ -190,8 +190,8 @@ def test_a_broken_emulators_softmax_statistics_fail(mutant, monkeypatch):
 
     real = emu._attend
 
-    def broken(q, k, v, keep, scale, keep_prob, fix_invalid_rows):
-        result = real(q, k, v, keep, scale, keep_prob, fix_invalid_rows)
+    def broken(q, k, v, keep, scale, keep_prob, fix_invalid_rows, pse=None):
+        result = real(q, k, v, keep, scale, keep_prob, fix_invalid_rows, pse)
         if mutant == "unshifted sum":
             return emu._Attended(result.out, result.row_max, result.row_sum * torch.exp(result.row_max))
         scores = torch.matmul(q.double(), k.double().transpose(-2, -1)) * scale

@@ -151,9 +151,9 @@ def test_per_head_masks_are_expanded_over_the_batch_for_the_training_op():
         ),
         (
             "npu_fusion",
-            lambda: (_qkv(1, 2, 4, 16), {"attn_mask": torch.full((4, 4), 0.25)}),
+            lambda: (_qkv(1, 2, 4, 16), {"attn_mask": torch.full((4, 4), 0.25, requires_grad=True)}),
             "mask",
-            "float mask (1, 1, 4, 4) is a bias, not a pure mask: it holds 0.25, and a pure mask holds only 0 (kept) and masked values (-inf, values <= -32752); npu_fusion_attention's pse input could carry a bias, but its docs scale it two ways and no test of theirs pins one: the formula softmax(scale * (pse + q k^T)), the example softmax(scale * q k^T + pse); pass a bool keep-mask or a pure mask (declare your masks' masking value, e.g. diffusers' -10000, with the masked_value option), or run the call on the sdpa or chunked kernel, which add a bias as it is",
+            "float mask (1, 1, 4, 4) is a bias that requires grad: npu_fusion passes it as npu_fusion_attention's pse, and no gradient for pse is documented; use a kernel that adds it to the scores (sdpa, chunked, math)",
         ),
         (
             "npu_fusion",

@@ -1,8 +1,8 @@
 """Float, key-padding and causal masks on the fused Ascend path (and SDPA on an NPU), through the emulator.
 
 A float mask that is a pure mask (0 and masked values: -inf, finfo.min, a declared masked_value) becomes the op's
-bool mask; a key-padding mask becomes ``actual_seq_lengths_kv`` on the inference op; a bias is refused with the
-reason. Every answer is checked against the float64 reference, what reaches the op is read off a spy, and the
+bool mask; a key-padding mask becomes ``actual_seq_lengths_kv`` on the inference op; a bias goes to
+npu_fusion_attention's ``pse`` (scale 1, the query pre-scaled) and is refused by the inference op with the reason. Every answer is checked against the float64 reference, what reaches the op is read off a spy, and the
 conversions are counted: once per mask tensor and call signature, not per call.
 """
 
@@ -21,12 +21,12 @@ import npu_port
 from npu_port.attn import AttentionCall, get_kernel, masks
 from npu_port.attn.kernels import _ascend, sdpa
 from npu_port.attn.target import Target
-from npu_port.errors import KernelOptionError, NoKernelError, StrategyOptionError
+from npu_port.errors import KernelOptionError, StrategyOptionError
 from npu_port.strategy.registry import get_strategy
 from npu_port.strategy.router import StrategyRouter, strategy_options_for
 
 from ..conftest import emulated_torch_npu
-from ..reference import assert_close_to_reference, reference_attention
+from ..reference import assert_close_to_reference, reference_attention, reference_lse
 
 ASCEND = ("npu_fused_infer", "npu_fusion")
 OPS = {"npu_fused_infer": "npu_fused_infer_attention_score", "npu_fusion": "npu_fusion_attention"}
@@ -121,47 +121,42 @@ def test_a_declared_masked_value_makes_diffusers_minus_10000_masks_exact_bool_ma
     assert not torch.allclose(as_bias[1, :, 0], torch.zeros(2, 16, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("name", ASCEND)
-def test_without_the_declaration_minus_10000_is_a_bias_and_is_refused(name):
+def test_without_the_declaration_minus_10000_is_a_bias_refused_by_the_inference_op_taken_by_npu_fusion():
     query, key, value = _qkv()
     keep = torch.rand(2, 1, 6, 7, generator=torch.Generator().manual_seed(2)) > 0.5
     call = AttentionCall.from_arguments(query, key, value, (1 - keep.half()) * -10000.0)
-    note = _ascend.FIA_PSE_NOTE if name == "npu_fused_infer" else _ascend.FUSION_PSE_NOTE
     with emulated_torch_npu():
-        found = get_kernel(name).reasons(call)
-        declared = get_kernel(name, masked_value=-10000.0).reasons(call)
+        found = get_kernel("npu_fused_infer").reasons(call)
+        declared = get_kernel("npu_fused_infer", masked_value=-10000.0).reasons(call)
+        as_pse = get_kernel("npu_fusion").reasons(call)
     assert [(r.code, str(r)) for r in found] == [
         (
             "mask",
             "float mask (2, 1, 6, 7) is a bias, not a pure mask: it holds -10000, and a pure mask holds only 0 (kept) "
-            f"and masked values (-inf, values <= -32752); {note}; pass a bool keep-mask or a pure mask (declare your "
-            "masks' masking value, e.g. diffusers' -10000, with the masked_value option), or run the call on the sdpa "
-            "or chunked kernel, which add a bias as it is",
+            f"and masked values (-inf, values <= -32752); {_ascend.FIA_PSE_NOTE}; pass a bool keep-mask or a pure "
+            "mask (declare your masks' masking value, e.g. diffusers' -10000, with the masked_value option), or run "
+            "the call on the sdpa or chunked kernel, which add a bias as it is",
         )
     ]
-    assert declared == []
+    assert declared == [] and as_pse == []
 
 
-def test_the_pse_notes_name_both_documented_formulas():
-    assert _ascend.FUSION_PSE_NOTE == (
-        "npu_fusion_attention's pse input could carry a bias, but its docs scale it two ways and no test of theirs "
-        "pins one: the formula softmax(scale * (pse + q k^T)), the example softmax(scale * q k^T + pse)"
-    )
+def test_the_inference_ops_pse_note_says_why_and_where_biases_go():
     assert _ascend.FIA_PSE_NOTE == (
         "npu_fused_infer_attention_score's pse_shift input could carry a bias, but its documented formula "
-        "softmax(scale * q k^T + atten_mask) has no pse, so how it is scaled is not documented"
+        "softmax(scale * q k^T + atten_mask) has no pse, so how it is scaled is not documented (npu_fusion takes "
+        "biases, as npu_fusion_attention's pse)"
     )
 
 
-@pytest.mark.parametrize("name", ASCEND)
-def test_a_bias_with_a_declared_value_is_refused_with_the_declaration_in_the_message(name):
+def test_a_bias_with_a_declared_value_is_refused_with_the_declaration_in_the_message():
     query, key, value = _qkv()
     bias = torch.zeros(1, 1, 6, 7, dtype=torch.float16)
     bias[0, 0, 2, 3] = -10000.0
     bias[0, 0, 4, 5] = float("nan")
     call = AttentionCall.from_arguments(query, key, value, bias)
     with emulated_torch_npu():
-        (reason,) = get_kernel(name, masked_value=-10000.0).reasons(call)
+        (reason,) = get_kernel("npu_fused_infer", masked_value=-10000.0).reasons(call)
     assert str(reason).startswith(
         "float mask (1, 1, 6, 7) is a bias, not a pure mask: it holds nan, and a pure mask holds only 0 (kept) and "
         "masked values (-inf, values <= -32752, or the declared masked_value -10000); "
@@ -171,7 +166,7 @@ def test_a_bias_with_a_declared_value_is_refused_with_the_declaration_in_the_mes
     )
 
 
-def test_a_float_mask_that_needs_a_gradient_stays_off_the_training_op():
+def test_a_pure_float_mask_that_needs_a_gradient_stays_off_the_training_op():
     query, key, value = (t.float().requires_grad_(True) for t in _qkv())
     mask = torch.zeros(1, 1, 6, 7).masked_fill(torch.rand(1, 1, 6, 7, generator=torch.Generator()) > 0.7, -math.inf)
     call = AttentionCall.from_arguments(query, key, value, mask.requires_grad_(True))
@@ -508,18 +503,19 @@ def test_masked_value_is_an_option_set_from_the_strategy():
 
 def test_a_router_tells_a_pure_mask_from_a_bias_of_the_same_shape():
     """The router keeps one choice per bucket: a pure mask and a bias of one shape are two buckets, so a bias never
-    reaches the kernel chosen for the pure mask."""
+    reaches the kernel chosen for the pure mask (the inference op, which refuses biases): it runs on npu_fusion."""
     query, key, value = _qkv()
     pure = _additive(torch.rand(2, 1, 6, 7, generator=torch.Generator()) > 0.3, -math.inf, torch.float16)
+    bias = torch.randn(2, 1, 6, 7, generator=torch.Generator().manual_seed(3)).half()
     with emulated_torch_npu(), torch.no_grad():
         router = StrategyRouter(get_strategy("npu"))
         out = router(query, key, value, pure)
-        with pytest.raises(NoKernelError) as info:
-            router(query, key, value, torch.full((2, 1, 6, 7), 0.5, dtype=torch.float16))
+        biased = router(query, key, value, bias)
     assert_close_to_reference(out, reference_attention(query, key, value, keep=pure == 0), torch.float16)
-    assert list(router.calls) == ["npu_fused_infer"]
-    assert "it holds 0.5" in str(info.value)
-    assert sorted(d.bucket.split("mask=")[1].split()[0] for d in router.decisions.values()) == ["float-pure[B1QK]"]
+    assert_close_to_reference(biased, reference_attention(query, key, value, bias=bias.double()), torch.float16)
+    assert dict(router.calls) == {"npu_fused_infer": 1, "npu_fusion": 1}
+    buckets = sorted(d.bucket.split("mask=")[1].split()[0] for d in router.decisions.values())
+    assert buckets == ["float-bias[B1QK]", "float-pure[B1QK]"]
 
 
 def test_a_router_never_hands_a_float_mask_that_wants_a_gradient_to_the_kernel_chosen_for_one_that_does_not():
@@ -598,3 +594,240 @@ def test_any_pure_mask_gives_the_reference(name, batch, q_len, key_len, form, fi
     compact = name == "npu_fused_infer" and _is_key_padding(keep) and not (causal and q_len == 1)
     assert (passed.get("actual_seq_lengths_kv") is not None) == compact
     assert_close_to_reference(out, reference_attention(query, key, value, keep=keep, is_causal=causal), dtype)
+
+
+# ---- a bias through npu_fusion_attention's pse -----------------------------------------------------------------------
+
+
+class ArgSpy(Spy):
+    """A :class:`Spy` that also keeps the positional arguments (the query the op got)."""
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append({"args": args, **kwargs})
+        return self.original(*args, **kwargs)
+
+
+def _run_pse(query, key, value, mask, is_causal=False, scale=None, options=None):
+    """npu_fusion's output for a biased call and what its op received."""
+    kernel = get_kernel("npu_fusion", **(options or {}))
+    with emulated_torch_npu() as module, torch.no_grad():
+        spy = ArgSpy(module, "npu_fusion_attention")
+        out = npu_port.attention(query, key, value, mask, is_causal=is_causal, scale=scale, kernel=kernel)
+    (passed,) = spy.calls
+    return out, passed
+
+
+DOCUMENTED_PSE = ("BNSS", "BN1Skv", "1NSS")
+
+
+def _pse_format(shape, batch, heads, q_len, key_len):
+    forms = {(batch, heads, q_len, key_len): "BNSS", (batch, heads, 1, key_len): "BN1Skv"}
+    forms.setdefault((1, heads, q_len, key_len), "1NSS")
+    return forms.get(tuple(shape))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(1, 3),
+    heads=st.sampled_from([1, 2]),
+    q_len=st.integers(1, 9),
+    key_len=st.integers(1, 9),
+    bias_shape=st.sampled_from(["BNQK", "1NQK", "B1QK", "11QK", "BN1K", "B11K", "111K"]),
+    holes=st.sampled_from(["none", "-inf", "finfo.min", "rows"]),
+    causal=st.booleans(),
+    scale=st.sampled_from([None, 1.0, 0.3]),
+    dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]),
+    seed=st.integers(0, 2**16),
+)
+def test_any_bias_through_pse_gives_the_reference(
+    batch, heads, q_len, key_len, bias_shape, holes, causal, scale, dtype, seed
+):
+    gen = torch.Generator().manual_seed(seed)
+    query, key, value = _qkv(batch, heads, q_len, key_len, dim=24, dtype=dtype, seed=seed)  # 1/sqrt(24): rounded
+    sizes = {"B": batch, "N": heads, "Q": q_len, "K": key_len, "1": 1}
+    shape = tuple(sizes[c] for c in bias_shape)
+    bias = torch.randn(shape, generator=gen) * 2
+    keep = torch.ones(shape, dtype=torch.bool)
+    if holes != "none":
+        keep = torch.rand(shape, generator=gen) > 0.3
+        if holes == "rows":
+            keep[..., 0, :] = False  # a row (for a one-row bias: every row) with no key: zeros
+        fill = -math.inf if holes in ("-inf", "rows") else torch.finfo(dtype).min
+        bias = bias.masked_fill(~keep, fill)
+    bias = bias.to(dtype)
+    out, passed = _run_pse(query, key, value, bias, is_causal=causal, scale=scale)
+    pse = passed["pse"]
+    call_scale = 1.0 / math.sqrt(24) if scale is None else scale
+    if bool((bias[keep] != 0).any()):  # a bias: pse at scale 1, the query pre-scaled once in its dtype
+        assert pse.dtype == dtype and _pse_format(pse.shape, batch, heads, q_len, key_len) in DOCUMENTED_PSE
+        assert passed["scale"] == 1.0 and torch.equal(passed["args"][0], query * call_scale)
+    else:  # every kept entry drew 0 (or none is kept): a pure mask, the op's bool mask alone
+        assert pse is None and passed["scale"] == call_scale and passed["args"][0] is query
+    kept_bias = bias.double().masked_fill(~keep, 0.0)
+    expected = reference_attention(query, key, value, keep=keep, bias=kept_bias, is_causal=causal, scale=scale)
+    # The pre-scale rounds q * scale to the dtype once per element: a relative error of at most one unit in the
+    # last place of each query element, i.e. of each score; within the dtype's tolerance.
+    assert_close_to_reference(out, expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_t5_relative_position_bias_with_a_padding_mask_runs_on_npu_fusion(dtype, causal):
+    """T5 adds its (1, N, S, S) relative-position bias to the (B, 1, 1, S) padding mask (finfo.min where padded)
+    and calls attention with scale=1.0: one (B, N, S, S) float mask, passed as BNSS pse plus its bool mask."""
+    batch, heads, length = 3, 4, 10
+    query, key, value = _qkv(batch, heads, length, length, dim=16, dtype=dtype, seed=11)
+    position_bias = (torch.randn(1, heads, length, length, generator=torch.Generator().manual_seed(12)) * 4).to(dtype)
+    keep = _padding_keep([10, 6, 0], length)  # item 2 is all padding: zeros
+    padding = _additive(keep, torch.finfo(dtype).min, dtype)
+    mask = position_bias + padding
+    out, passed = _run_pse(query, key, value, mask, is_causal=causal, scale=1.0)
+    assert passed["pse"].shape == (batch, heads, length, length) and passed["scale"] == 1.0
+    assert passed["args"][0] is query  # scale 1: nothing multiplied
+    expected_masked = ~(keep | ~keep.any(-1, keepdim=True))  # item 2 given its keys back, zeroed after
+    if causal:
+        expected_masked = ~((keep & torch.ones(length, length, dtype=torch.bool).tril()) | ~keep.any(-1, True))
+    assert torch.equal(passed["atten_mask"], expected_masked.expand(batch, heads, length, length))
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+    kept_bias = position_bias.double().expand(batch, heads, length, length)
+    expected = reference_attention(query, key, value, keep=keep, bias=kept_bias, is_causal=causal, scale=1.0)
+    assert_close_to_reference(out, expected, dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_bias_that_masks_nothing_needs_no_mask_or_only_the_compressed_causal_one(causal):
+    """ALiBi-like: (1, N, Sq, Skv) with no masked entry; causal takes sparse_mode 2 with pse (the docs forbid pse
+    only with sparse modes 7 and 8), so no (Sq, Skv) bool mask is built."""
+    query, key, value = _qkv(2, 2, 6, 6, dim=16, dtype=torch.float16, seed=13)
+    distance = (torch.arange(6)[None] - torch.arange(6)[:, None]).abs()
+    alibi = (-distance * torch.tensor([0.5, 0.25])[:, None, None])[None].half()
+    out, passed = _run_pse(query, key, value, alibi, is_causal=causal)
+    assert passed["pse"].shape == (1, 2, 6, 6)
+    if causal:
+        assert passed["sparse_mode"] == 2 and passed["atten_mask"].shape == (2048, 2048)
+    else:
+        assert passed["sparse_mode"] == 0 and passed["atten_mask"] is None
+    expected = reference_attention(query, key, value, bias=alibi.double(), is_causal=causal)
+    assert_close_to_reference(out, expected, torch.float16)
+
+
+def test_the_pse_is_built_once_per_mask_tensor_and_again_after_an_in_place_change(monkeypatch):
+    built = []
+    original = _ascend._pse
+    monkeypatch.setattr(_ascend, "_pse", lambda *args: built.append(1) or original(*args))
+    query, key, value = _qkv(dtype=torch.float16)
+    bias = torch.randn(2, 2, 6, 7, generator=torch.Generator().manual_seed(14)).half()
+    bias[0, 0, 1, 2] = -math.inf
+    kernel = get_kernel("npu_fusion")
+    with emulated_torch_npu() as module, torch.no_grad():
+        spy = Spy(module, "npu_fusion_attention")
+        for _ in range(3):  # three layers sharing one mask tensor
+            npu_port.attention(query, key, value, bias, kernel=kernel)
+        assert len(built) == 1
+        assert spy.calls[0]["pse"] is spy.calls[2]["pse"]
+        bias.add_(0.5)  # an in-place change is seen
+        out = npu_port.attention(query, key, value, bias, kernel=kernel)
+    assert len(built) == 2
+    keep = ~torch.isneginf(bias)
+    expected = reference_attention(query, key, value, keep=keep, bias=bias.double().masked_fill(~keep, 0))
+    assert_close_to_reference(out, expected, torch.float16)
+
+
+@pytest.mark.parametrize(
+    "mask_shape, causal, pse_shape, full_mask",
+    [
+        ((1, 2, 6, 8), False, (1, 2, 6, 8), None),  # 1NSS, masks nothing: no bool mask
+        ((2, 1, 6, 8), True, (2, 2, 6, 8), None),  # B1SS is no pse format: BNSS; causal: the compressed mask
+        ((2, 2, 1, 8), False, (2, 2, 1, 8), (2, 2, 6, 8)),  # BN1Skv; masked keys: a BNSS bool mask (no BN1S form)
+        ((1, 1, 1, 8), True, (2, 2, 1, 8), (1, 1, 6, 8)),  # BN1Skv is smaller than 1NSS here
+    ],
+)
+def test_plan_bytes_count_the_pse_and_the_mask_the_op_gets(mask_shape, causal, pse_shape, full_mask):
+    bias = torch.randn(mask_shape, generator=torch.Generator().manual_seed(15)).half()
+    if full_mask is not None:
+        bias[..., 3] = -math.inf
+    query, key, value = _qkv(batch=2, q_len=6, key_len=8)
+    call = AttentionCall.from_arguments(query, key, value, bias, is_causal=causal)
+    assert get_kernel("npu_fusion").reasons(call, NPU_910B) == [] and get_kernel("npu_fusion").fused(call, NPU_910B)
+    planned = get_kernel("npu_fusion").plan_bytes(call)
+    out, passed = _run_pse(query, key, value, bias, is_causal=causal)
+    atten_mask = passed["atten_mask"]
+    assert tuple(passed["pse"].shape) == pse_shape
+    assert (None if atten_mask is None or atten_mask.shape == (2048, 2048) else tuple(atten_mask.shape)) == full_mask
+    built = 0 if full_mask is None else atten_mask.numel()
+    assert planned == built + passed["pse"].numel() * 2
+    keep = ~torch.isneginf(bias)
+    expected = reference_attention(
+        query, key, value, keep=keep, bias=bias.double().masked_fill(~keep, 0), is_causal=causal
+    )
+    assert_close_to_reference(out, expected, torch.float16)
+
+
+def test_gradients_flow_through_the_pre_scaled_query_and_the_bias_stays_constant():
+    query, key, value = (t.float().requires_grad_(True) for t in _qkv(dim=24))
+    bias = torch.randn(1, 2, 6, 7, generator=torch.Generator().manual_seed(16))
+    bias[0, 1, 2, :3] = -math.inf
+    with emulated_torch_npu():
+        out = npu_port.attention(query, key, value, bias, kernel="npu_fusion")
+        grads = torch.autograd.grad(out.square().sum(), (query, key, value))
+    keep = ~torch.isneginf(bias)
+    ref_inputs = [t.detach().double().requires_grad_(True) for t in (query, key, value)]
+    ref = reference_attention(*ref_inputs, keep=keep, bias=bias.double().masked_fill(~keep, 0))
+    ref_grads = torch.autograd.grad(ref.square().sum(), ref_inputs)
+    assert_close_to_reference(out.detach(), ref.detach(), torch.float32)
+    for grad, ref_grad, name in zip(grads, ref_grads, "qkv"):
+        assert_close_to_reference(grad, ref_grad, torch.float32, what=f"d{name}")
+
+
+def test_a_bias_that_needs_a_gradient_is_refused_even_when_a_router_chose_npu_fusion_for_its_bucket():
+    query, key, value = (t.float().requires_grad_(True) for t in _qkv())
+    bias = torch.randn(1, 1, 6, 7, requires_grad=True)
+    call = AttentionCall.from_arguments(query, key, value, bias)
+    with emulated_torch_npu(), pytest.raises(npu_port.errors.KernelRuntimeError) as info:
+        get_kernel("npu_fusion").run(call)
+    assert str(info.value).startswith(
+        "a bias that requires grad cannot be npu_fusion_attention's pse; reasons() refuses this call ("
+    )
+
+
+def test_nan_in_a_bias_makes_its_row_nan_on_npu_fusion():
+    query, key, value = _qkv(dtype=torch.float32)
+    bias = torch.randn(2, 1, 6, 7, generator=torch.Generator().manual_seed(17))
+    bias[1, 0, 4, 2] = float("nan")
+    out, _ = _run_pse(query, key, value, bias)
+    assert torch.isnan(out[1, :, 4]).all()
+    out[1, :, 4] = 0
+    expected = reference_attention(query, key, value, bias=bias.double().nan_to_num(0.0))
+    expected[1, :, 4] = 0
+    assert_close_to_reference(out, expected, torch.float32)
+
+
+def test_a_plan_under_the_npu_strategy_counts_bias_calls_fused_on_npu_fusion():
+    from npu_port.plan import assess, record_calls
+
+    query, key, value = _qkv(dtype=torch.float16)
+    bias = torch.randn(1, 2, 6, 7, generator=torch.Generator().manual_seed(18)).half()
+
+    def run():
+        for _ in range(4):
+            npu_port.attention(query, key, value, bias)
+            npu_port.attention(query, key, value)
+
+    plan = assess(record_calls(run), NPU_910B)
+    assert (plan.calls, plan.fused) == (8, 8)
+    kernels = {item.kernel for item in plan.signatures}
+    assert kernels == {"npu_fusion", "npu_fused_infer"}
+
+
+def test_the_log_sum_exp_of_a_biased_call_includes_the_bias_and_the_call_scale():
+    query, key, value = _qkv(dtype=torch.float32, dim=24)
+    bias = torch.randn(2, 2, 6, 7, generator=torch.Generator().manual_seed(19))
+    bias[1, 0, 3] = -math.inf  # a row with no key: -inf
+    with emulated_torch_npu(), torch.no_grad():
+        out, lse = npu_port.attention(query, key, value, bias, kernel="npu_fusion", return_lse=True)
+    keep = ~torch.isneginf(bias)
+    kept_bias = bias.double().masked_fill(~keep, 0)
+    expected = reference_lse(query, key, keep, bias=kept_bias)
+    assert torch.isneginf(lse[1, 0, 3]) and torch.isneginf(expected[1, 0, 3])
+    torch.testing.assert_close(lse.double(), expected, rtol=1e-5, atol=1e-5)
+    assert_close_to_reference(out, reference_attention(query, key, value, keep=keep, bias=kept_bias), torch.float32)

@@ -1056,7 +1056,7 @@ def test_contract_violations_raise_clear_errors(case):
         call()
 
 
-FUSION_FEATURES = ["pse", "padding_mask", "prefix", "actual_seq_qlen", "actual_seq_kvlen"]
+FUSION_FEATURES = ["padding_mask", "prefix", "actual_seq_qlen", "actual_seq_kvlen"]
 FIA_FEATURES = [
     p.name
     for p in inspect.signature(emu.npu_fused_infer_attention_score).parameters.values()
@@ -1086,6 +1086,134 @@ def test_fia_feature_list_covers_the_documented_tensor_arguments():
 def test_d_not_multiple_of_16_is_fine_for_a_decode_step():
     out, _ = _fia_call(**_qkv((1, 2, 1, 24), (1, 2, 4, 24)))()
     assert out.shape == (1, 2, 1, 24)
+
+
+# ==========================================================================================================
+# pse: emulated only where the two documented formulas agree (scale == 1)
+
+
+def test_the_docs_scale_pse_two_ways():
+    """The disagreement the emulator refuses is in the docs themselves: the description's formula puts pse inside
+    the scale, the pse example's reference outside it."""
+    docs = torch_npu_docs.op_docstring(FUSION)
+    assert "$y=Softmax(Mask(scale*(pse+query*key^{T}),atten_mask),keep_prob)$" in docs
+    assert "# Reference implementation: softmax(scale * QK^T + pse) * V." in docs
+    assert "ref_scores = torch.matmul(query.float().cpu(), key.float().cpu().transpose(2, 3)) * scale" in docs
+    assert "torch.softmax(ref_scores + pse.float().cpu(), dim=-1)" in docs
+
+
+def _pse_references(q, k, v, pse, keep):
+    """Both documented formulas at scale 1, in float64: softmax(Mask(1 * (pse + q k^T))) and the example's
+    softmax(q k^T * 1 + pse), masked where ``keep`` is False."""
+    qk = torch.matmul(q.double(), k.double().transpose(2, 3))
+    formula = 1.0 * (pse.double() + qk)
+    example = qk * 1.0 + pse.double()
+    outs = []
+    for scores in (formula, example):
+        if keep is not None:
+            scores = scores.masked_fill(~keep, float("-inf"))
+        outs.append(torch.matmul(torch.softmax(scores, dim=-1), v.double()))
+    return outs
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    form=st.sampled_from(["BNSS", "BN1Skv", "1NSS"]),
+    b=st.integers(1, 3),
+    sq=st.integers(1, 9),
+    skv=st.integers(1, 9),
+    masked=st.sampled_from(["none", "mask", "causal"]),
+    dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]),
+    seed=st.integers(0, 2**16),
+)
+def test_pse_at_scale_one_matches_both_documented_formulas(form, b, sq, skv, masked, dtype, seed):
+    n = 2
+    q, k, v = random_qkv(seed, b, n, n, sq, skv, 16, dtype)
+    gen = torch.Generator().manual_seed(seed + 1)
+    shape = {"BNSS": (b, n, sq, skv), "BN1Skv": (b, n, 1, skv), "1NSS": (1, n, sq, skv)}[form]
+    pse = (torch.randn(shape, generator=gen) * 3).to(dtype)
+    keep, extra = None, {}
+    if masked == "mask":
+        keep = torch.rand(b, 1, sq, skv, generator=gen) > 0.3
+        keep[..., 0] = True  # every row keeps a key: no invalid rows here
+        extra = dict(atten_mask=~keep)
+    elif masked == "causal" and sq <= skv:
+        keep = torch.ones(sq, skv, dtype=torch.bool).tril()
+        extra = dict(atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1), sparse_mode=2)
+    out = emu.npu_fusion_attention(q, k, v, head_num=n, input_layout="BNSD", pse=pse, scale=1.0, **extra)[0]
+    formula, example = _pse_references(q, k, v, pse, keep)
+    torch.testing.assert_close(formula, example)  # the two documented formulas agree at scale 1
+    torch.testing.assert_close(out.double(), formula, **_tolerance(dtype))
+
+
+def test_pse_softmax_statistics_include_the_bias():
+    q, k, v = random_qkv(30, 1, 2, 2, 4, 5, 16, torch.float32)
+    pse = torch.randn(1, 2, 4, 5, generator=torch.Generator().manual_seed(31))
+    _, row_max, row_sum, *_ = emu.npu_fusion_attention(q, k, v, head_num=2, input_layout="BNSD", pse=pse)
+    scores = torch.matmul(q.double(), k.double().transpose(2, 3)) + pse.double()
+    torch.testing.assert_close(row_max[..., 0].double(), scores.amax(-1), rtol=1e-6, atol=1e-6)
+    lse = row_max[..., 0].double() + torch.log(row_sum[..., 0].double())
+    torch.testing.assert_close(lse, torch.logsumexp(scores, -1), rtol=1e-6, atol=1e-6)
+
+
+def _pse(*shape, dtype=torch.float16):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+PSE_ERROR_CASES = {
+    "scale not 1": (
+        _fusion_call(pse=_pse(1, 2, 4, 4), scale=0.25),
+        CONTRACT,
+        "npu_fusion_attention: pse with scale=0.25: the docs scale pse two ways, softmax(Mask(scale * (pse + q k^T))) "
+        "(the formula) and softmax(scale * q k^T + pse) (the pse example's reference), which agree only when "
+        "scale == 1",
+    ),
+    "dtype": (
+        _fusion_call(pse=_pse(1, 2, 4, 4, dtype=torch.float32), scale=1.0),
+        CONTRACT,
+        "npu_fusion_attention: pse dtype torch.float32 must equal the query's, torch.float16",
+    ),
+    "B1SS is not a pse format": (
+        _fusion_call(pse=_pse(1, 1, 4, 4), scale=1.0),
+        CONTRACT,
+        "npu_fusion_attention: pse shape (1, 1, 4, 4) is none of BNSS (1, 2, 4, 4), BN1Skv (1, 2, 1, 4), "
+        "1NSS (1, 2, 4, 4)",
+    ),
+    "SS is not a pse format": (
+        _fusion_call(pse=_pse(4, 4), scale=1.0),
+        CONTRACT,
+        "npu_fusion_attention: pse shape (4, 4) is none of BNSS (1, 2, 4, 4), BN1Skv (1, 2, 1, 4), 1NSS (1, 2, 4, 4)",
+    ),
+    "sparse_mode 7": (
+        _fusion_call(pse=_pse(1, 2, 4, 4), scale=1.0, sparse_mode=7),
+        CONTRACT,
+        "npu_fusion_attention: pse is not supported with sparse_mode=7",
+    ),
+    "sparse_mode 8": (
+        _fusion_call(pse=_pse(1, 2, 4, 4), scale=1.0, sparse_mode=8),
+        CONTRACT,
+        "npu_fusion_attention: pse is not supported with sparse_mode=8",
+    ),
+    "pse needs grad": (
+        _fusion_call(pse=_pse(1, 2, 4, 4).requires_grad_(True), scale=1.0),
+        NotImplementedError,
+        "npu_fusion_attention: a pse that requires grad: no gradient for pse is documented",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PSE_ERROR_CASES, ids=list(PSE_ERROR_CASES))
+def test_pse_outside_the_documented_contract_is_refused(case):
+    call, error, message = PSE_ERROR_CASES[case]
+    with pytest.raises(error) as info:
+        call()
+    assert str(info.value) == message
+
+
+def test_an_alibi_compressed_pse_is_named_as_not_emulated():
+    q, k, v = (torch.zeros(1, 1, 1100, 16, dtype=torch.float16) for _ in range(3))
+    with pytest.raises(NotImplementedError, match="alibi-compressed pse"):
+        emu.npu_fusion_attention(q, k, v, head_num=1, input_layout="BNSD", pse=_pse(1, 1, 1024, 1100))
 
 
 # ==========================================================================================================

@@ -30,6 +30,12 @@ What is emulated (the doc sentence each rule comes from is quoted at the code)
       i + Skv - Sq - pre <= j <= i + Skv - Sq + next).  Modes 2/3/4 require the compressed 2048x2048 mask
       triu(ones, diagonal=1); the emulator checks both its shape and its content (the real op only says a
       wrong mask gives wrong results -- failing loudly is the useful emulation of that).
+    * pse (npu_fusion_attention), formats BNSS, BN1Skv and 1NSS, in the query's dtype, not with sparse_mode 7/8.
+      The docs give two formulas: softmax(Mask(scale * (pse + q.k^T))) in the description and
+      softmax(scale * q.k^T + pse) as the example's reference; they agree only when scale == 1, so only that case
+      is emulated (scores = q.k^T + pse) and any other scale with a pse raises NpuContractError -- a caller that
+      passes the test never relies on which formula the hardware follows.  A pse that needs a gradient raises
+      NotImplementedError (no dpse is documented); the alibi-compressed pse (last 1024 rows) is not emulated.
     * scale on q.k^T; dropout with keep_prob in (0, 1] on the softmax probabilities, rescaled by 1/keep_prob
       and drawn from torch's RNG (fusion only).
     * GQA: query heads per key/value head = Nq / Nkv, a positive integer; consecutive query heads share a
@@ -67,7 +73,7 @@ Outputs
 Errors
     Calls outside the documented contract raise ``NpuContractError`` (a RuntimeError, like the real op's
     TORCH_CHECK failures).  Documented features this emulator does not implement raise NotImplementedError
-    (also a RuntimeError) naming the argument: layout TND (varlen), fusion sparse_mode 5-8, pse, padding_mask,
+    (also a RuntimeError) naming the argument: layout TND (varlen), fusion sparse_mode 5-8, alibi-compressed pse, padding_mask,
     prefix, actual_seq_qlen/actual_seq_kvlen; FIA sparse_mode 9, int8 query, int8/int4 key/value, pse_shift,
     every quantisation / antiquantisation argument and mode, block_table / block_size (page attention),
     query/kv padding sizes, shared prefix, query_rope / key_rope.
@@ -357,8 +363,11 @@ class _Attended:
     row_sum: torch.Tensor  # (B, N, Sq, 1) float64, detached; 0 on invalid rows
 
 
-def _attend(q, k, v, keep: Optional[torch.Tensor], scale: float, keep_prob: float, fix_invalid_rows: bool) -> _Attended:
-    """softmax(Mask(scale * q k^T)) (dropout) v in float64, with the documented invalid-row behaviour.
+def _attend(
+    q, k, v, keep: Optional[torch.Tensor], scale: float, keep_prob: float, fix_invalid_rows: bool, pse=None
+) -> _Attended:
+    """softmax(Mask(scale * q k^T + pse)) (dropout) v in float64, with the documented invalid-row behaviour (the
+    caller allows a pse only with scale == 1, where the two documented formulas agree).
 
     An invalid row (every key masked) divides 0 by 0 and so comes out NaN -- the emulated "precision loss" --
     unless ``fix_invalid_rows``, where it is 0.  exp is taken against a detached, finite row max, so the
@@ -375,6 +384,8 @@ def _attend(q, k, v, keep: Optional[torch.Tensor], scale: float, keep_prob: floa
     k = k.double().repeat_interleave(group, dim=1)  # query head h uses key head h // group
     v = v.double().repeat_interleave(group, dim=1)
     scores = torch.matmul(q.double(), k.transpose(-2, -1)) * scale
+    if pse is not None:
+        scores = scores + pse.double()
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True).detach()
@@ -447,6 +458,37 @@ def _fusion_validate_tensors(query, key, value, head_num: int, layout: str):
     return q, k, v
 
 
+#: The two documented ways npu_fusion_attention scales pse (description formula, example reference).
+PSE_FORMULAS = (
+    "softmax(Mask(scale * (pse + q k^T))) (the formula) and softmax(scale * q k^T + pse) (the pse example's reference)"
+)
+
+
+def _fusion_check_pse(pse, query, scale: float, b: int, n: int, sq: int, skv: int) -> None:
+    """The documented pse rules, and the one case in which its scaling is documented without contradiction."""
+    # "输入query、key、value、pse的数据类型必须一致."
+    _require(pse.dtype == query.dtype, FUSION, f"pse dtype {pse.dtype} must equal the query's, {query.dtype}")
+    _require(pse.device == query.device, FUSION, f"pse is on {pse.device} but query is on {query.device}")
+    # "非varlen场景支持四维输入, 包含BNSS格式、BN1Skv格式、1NSS格式."
+    forms = {(b, n, sq, skv): "BNSS", (b, n, 1, skv): "BN1Skv", (1, n, sq, skv): "1NSS"}
+    shape = tuple(pse.shape)
+    if sq > 1024 and len(shape) == 4 and shape[2] == 1024 and shape not in forms:
+        # "可使能alibi位置编码压缩, 此时只需要输入原始PSE最后1024行"
+        raise NotImplementedError(f"{FUSION}: an alibi-compressed pse {shape} (last 1024 rows) is not emulated")
+    _require(
+        shape in forms,
+        FUSION,
+        f"pse shape {shape} is none of BNSS {(b, n, sq, skv)}, BN1Skv {(b, n, 1, skv)}, 1NSS {(1, n, sq, skv)}",
+    )
+    _require(
+        scale == 1.0,
+        FUSION,
+        f"pse with scale={scale:g}: the docs scale pse two ways, {PSE_FORMULAS}, which agree only when scale == 1",
+    )
+    if pse.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError(f"{FUSION}: a pse that requires grad: no gradient for pse is documented")
+
+
 def npu_fusion_attention(
     query,
     key,
@@ -476,19 +518,22 @@ def npu_fusion_attention(
     """
     _reject_features(
         FUSION,
-        pse=pse,
         padding_mask=padding_mask,
         prefix=prefix,
         actual_seq_qlen=actual_seq_qlen,
         actual_seq_kvlen=actual_seq_kvlen,
     )
+    # "sparse_mode配置为7、8时，不支持可选参数pse." (checked first: modes 7 and 8 themselves are not emulated)
+    _require(pse is None or sparse_mode not in (7, 8), FUSION, f"pse is not supported with sparse_mode={sparse_mode}")
     _fusion_validate_scalars(input_layout, keep_prob, inner_precise, sparse_mode, softmax_layout)
     q, k, v = _fusion_validate_tensors(query, key, value, head_num, input_layout)
     b, n, sq, skv = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    if pse is not None:
+        _fusion_check_pse(pse, query, float(scale), b, n, sq, skv)
     keep = _fusion_keep(atten_mask, sparse_mode, pre_tockens, next_tockens, b, n, sq, skv, query.device)
     # "2为使能无效行计算 ... 如果算子可判断出存在无效行场景, 会自动使能无效行计算, 例如sparse_mode为3, Sq > Skv场景."
     fix_invalid_rows = inner_precise == 2 or (atten_mask is not None and sparse_mode == 3 and sq > skv)
-    result = _attend(q, k, v, keep, float(scale), float(keep_prob), fix_invalid_rows)
+    result = _attend(q, k, v, keep, float(scale), float(keep_prob), fix_invalid_rows, pse)
     out = _from_bnsd(result.out.to(query.dtype), input_layout)
     dropping = keep_prob < 1.0
     seed, offset = (int(torch.initial_seed()), 0) if dropping else (0, 0)

@@ -51,15 +51,15 @@ def test_fixed_strategy_runs_its_kernel_and_refuses_what_it_cannot_run():
     out = r(q, k, v)
     assert torch.equal(out, npu_port.attention(q, k, v, kernel="math"))
     assert r.calls == {"math": 1}
-    bias = torch.full((16, 16), 0.5)
+    bias = torch.full((16, 16), 0.5, requires_grad=True)
     with emulated_torch_npu():
         npu = router("npu")
         with pytest.raises(NoKernelError) as info:
-            npu(q, k, v, bias)  # a float mask with a bias: both Ascend ops refuse it — an error, not a silent reroute
+            npu(q, k, v, bias)  # a bias that needs a gradient: both Ascend ops refuse it — an error, not a reroute
     text = str(info.value)
     assert text.startswith("no attention kernel can run this call (")
     assert "  npu_fused_infer:\n    - dtype float32 is not supported by npu_fused_infer" in text
-    assert "  npu_fusion:\n    - float mask (1, 1, 16, 16) is a bias, not a pure mask: it holds 0.5" in text
+    assert "  npu_fusion:\n    - float mask (1, 1, 16, 16) is a bias that requires grad" in text
 
 
 def test_fixed_strategy_error_is_the_kernel_error():
@@ -68,7 +68,7 @@ def test_fixed_strategy_error_is_the_kernel_error():
     try:
         q, k, v = qkv()
         with emulated_torch_npu(), pytest.raises(KernelUnavailableError) as info:
-            r(q, k, v, torch.full((16, 16), 0.5))
+            r(q, k, v, torch.full((16, 16), 0.5, requires_grad=True))
         assert info.value.kernel == "npu_fusion" and "sdpa" in info.value.runnable
         assert [reason.code for reason in info.value.reasons] == ["mask"]
     finally:

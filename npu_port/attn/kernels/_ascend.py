@@ -8,14 +8,20 @@ before the op and are zeroed after it, which needs no slower ``inner_precise`` m
 
 The ops take bool masks only. A float mask that is a pure mask (0 and masked values) becomes the bool mask, exactly;
 a key-padding mask (kept keys a prefix of each batch item) becomes ``actual_seq_lengths_kv`` on the inference op, so
-no ``(Sq, Skv)`` mask is built at all; a real bias is refused with the reason (the ops' ``pse`` inputs are not
-pinned down by their docs). Purity and lengths are read once per mask tensor, and each converted form is built once
-per mask tensor and call signature (:func:`npu_port.attn.masks.memoized`).
+no ``(Sq, Skv)`` mask is built at all. A real bias goes to ``npu_fusion_attention``'s ``pse`` input (:func:`pse_shape`,
+the bias's kept values with 0 where masked, in the query's dtype) and its masked entries to the bool mask. The docs
+scale pse two ways — the formula ``softmax(scale * (pse + q k^T))``, the pse example ``softmax(scale * q k^T +
+pse)`` — which agree when the op's ``scale`` is 1; so the op is called with ``scale=1`` and the query multiplied by
+the call's scale beforehand, and the result is the same whichever formula the hardware follows. The inference op
+refuses biases: its formula has no ``pse_shift`` at all. Purity and lengths are read once per mask tensor, and each
+converted form (bool mask, pse) is built once per mask tensor and call signature
+(:func:`npu_port.attn.masks.memoized`).
 Sources: torch_npu 2.13.0 ``_op_plugin_docs.py`` (extracted in the project's reference notes).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Dict, List, Optional, Tuple
 
@@ -84,6 +90,10 @@ CAUSAL = "causal"  # the shared compressed mask with sparse_mode=2
 LENGTHS = "lengths"  # actual_seq_lengths_kv, no mask (npu_fused_infer_attention_score only)
 LENGTHS_CAUSAL = "lengths+causal"  # both
 FULL = "full"  # a (B|1, N|1, Sq, Skv) bool mask
+PSE = "pse"  # a bias as npu_fusion_attention's pse, no mask (the bias masks nothing)
+PSE_CAUSAL = "pse+causal"  # the bias as pse with the compressed causal mask, sparse_mode=2
+PSE_FULL = "pse+full"  # the bias as pse, its masked entries (and causal) as the full bool mask
+PSE_FORMS = (PSE, PSE_CAUSAL, PSE_FULL)
 
 
 @dataclass(frozen=True)
@@ -98,17 +108,26 @@ class AscendMask:
     row_has_key: Optional[Tensor]
     sparse_mode: int
     kv_lengths: Optional[Tuple[int, ...]] = None
+    #: The bias for npu_fusion_attention's ``pse`` (one of its documented shapes, the query's dtype); the op must
+    #: then be called with ``scale=1`` and the query pre-scaled (:func:`pse_query`).
+    pse: Optional[Tensor] = None
 
 
-def mask_form(call: AttentionCall, masked_value: Optional[float], lengths: bool) -> str:
+def mask_form(call: AttentionCall, masked_value: Optional[float], lengths: bool, pse: bool = False) -> str:
     """Which form ``call``'s mask takes (no tensor is built; a key-padding mask's lengths are read once per mask
     tensor). ``lengths``: whether the op takes ``actual_seq_lengths_kv`` in this layout (the inference op with BNSD;
     npu_fusion_attention takes lengths only in its TND varlen layout, which needs the tokens repacked, so it always
-    gets the full mask)."""
+    gets the full mask). ``pse``: whether the op takes a bias as ``pse`` (npu_fusion_attention); a bias that masks
+    nothing then needs no bool mask, or only the compressed causal one."""
     if call.mask is None:
         if not call.is_causal:
             return NO_MASK
         return CAUSAL if call.q_len > 1 else FULL  # with one query the ops ignore sparse_mode
+    facts = float_mask_facts(call.mask, masked_value)
+    if pse and facts is not None and not facts.pure:
+        if facts.any_masked or (call.is_causal and call.q_len == 1):
+            return PSE_FULL
+        return PSE_CAUSAL if call.is_causal else PSE
     if lengths and not (call.is_causal and call.q_len == 1) and _pure(call, masked_value):
         if key_padding_lengths(call.mask, masked_value) is not None:
             return LENGTHS_CAUSAL if call.is_causal else LENGTHS
@@ -121,20 +140,28 @@ def _pure(call: AttentionCall, masked_value: Optional[float]) -> bool:
 
 
 def ascend_mask(
-    call: AttentionCall, per_head: bool, masked_value: Optional[float] = None, lengths: bool = False
+    call: AttentionCall, per_head: bool, masked_value: Optional[float] = None, lengths: bool = False, pse: bool = False
 ) -> AscendMask:
     """The op's mask for ``call`` in Ascend polarity (True = masked): none, the compressed causal mask, the key
-    lengths, or the full mask — converted once per mask tensor and call signature (:func:`memoized`), so the layers
-    of a model that share one mask share one conversion.
+    lengths, or the full mask, and with ``pse`` a bias as the op's ``pse`` — converted once per mask tensor and call
+    signature (:func:`memoized`), so the layers of a model that share one mask share one conversion.
 
     ``per_head`` says whether the op accepts a ``(B, N, Sq, Skv)`` mask; otherwise the mask is
     ``(B|1, 1, Sq, Skv)`` (callers refuse per-head masks in their reasons).
     """
     if call.mask is not None and not _pure(call, masked_value):
-        raise KernelRuntimeError(
-            f"the Ascend kernels take pure float masks only; reasons() refuses this call ({call.describe()})"
-        )
-    form = mask_form(call, masked_value, lengths)
+        if not pse:
+            raise KernelRuntimeError(
+                f"the Ascend kernels take pure float masks only; reasons() refuses this call ({call.describe()})"
+            )
+        if call.needs_grad and call.mask.bias.requires_grad:  # a router's cached choice must not drop its gradient
+            raise KernelRuntimeError(
+                f"a bias that requires grad cannot be npu_fusion_attention's pse; reasons() refuses this call "
+                f"({call.describe()})"
+            )
+    form = mask_form(call, masked_value, lengths, pse)
+    if form in PSE_FORMS:
+        return _pse_mask(call, form, masked_value, per_head)
     if form == NO_MASK:
         return AscendMask(form, None, None, SPARSE_DEFAULT_MASK)
     if form == CAUSAL:
@@ -146,6 +173,46 @@ def ascend_mask(
     signature = ("ascend-full", masked_value, per_head, call.is_causal, call.batch, call.q_len, call.key_len)
     masked, row_has_key = memoized(call.mask, signature, lambda: _full_mask(call, masked_value, per_head))
     return AscendMask(form, masked, row_has_key, SPARSE_DEFAULT_MASK)
+
+
+def _pse_mask(call: AttentionCall, form: str, masked_value: Optional[float], per_head: bool) -> AscendMask:
+    signature = ("ascend-pse", masked_value, call.dtype, call.batch, call.heads, call.q_len, call.key_len)
+    bias = memoized(call.mask, signature, lambda: _pse(call, masked_value))
+    if form == PSE:
+        return AscendMask(form, None, None, SPARSE_DEFAULT_MASK, pse=bias)
+    if form == PSE_CAUSAL:
+        return AscendMask(form, compressed_causal_mask(call.device), None, SPARSE_LEFT_UP_CAUSAL, pse=bias)
+    signature = ("ascend-full", masked_value, per_head, call.is_causal, call.batch, call.q_len, call.key_len)
+    masked, row_has_key = memoized(call.mask, signature, lambda: _full_mask(call, masked_value, per_head))
+    return AscendMask(form, masked, row_has_key, SPARSE_DEFAULT_MASK, pse=bias)
+
+
+def pse_shape(shape: Tuple[int, ...], call: AttentionCall) -> Tuple[int, int, int, int]:
+    """The smallest of npu_fusion_attention's documented pse shapes — BNSS, BN1Skv, 1NSS — that a
+    ``(B|1, N|1, Sq|1, Skv|1)`` bias broadcasts to (BNSS when the bias is (B, 1, Sq, Skv): 1NSS cannot hold
+    a per-batch bias and no B1SS form is documented)."""
+    batch, heads, q_len, key_len = call.batch, call.heads, call.q_len, call.key_len
+    fits = [(batch, heads, q_len, key_len)]
+    if shape[2] == 1:
+        fits.append((batch, heads, 1, key_len))
+    if shape[0] == 1:
+        fits.append((1, heads, q_len, key_len))
+    return min(fits, key=lambda s: s[0] * s[1] * s[2] * s[3])
+
+
+def _pse(call: AttentionCall, masked_value: Optional[float]) -> Tensor:
+    """The bias's kept values (0 where masked: the bool mask masks those), in the query's dtype as the op requires
+    (a wider mask is rounded to it, as SDPA rounds it), expanded to a documented shape."""
+    source = call.mask.source.detach()
+    kept = source.masked_fill(~mask_keep(call.mask, masked_value), 0).to(call.dtype)
+    return kept.expand(pse_shape(tuple(source.shape), call)).contiguous()
+
+
+def pse_query(call: AttentionCall) -> Tensor:
+    """The query for a call whose bias goes to ``pse``: multiplied by the call's scale (one elementwise multiply in
+    its dtype, one rounding per element), so the op runs with ``scale=1``, where its two documented formulas agree.
+    With a scale of 1 the query is passed as it is."""
+    return call.query if call.scale == 1.0 else call.query * call.scale
 
 
 def _lengths_mask(call: AttentionCall, form: str, masked_value: Optional[float]) -> AscendMask:
@@ -183,23 +250,39 @@ def _full_shape(shape: Tuple[int, ...], call: AttentionCall) -> Tuple[int, int]:
     return (call.batch if heads != 1 and batch == 1 else batch), heads
 
 
-def mask_bytes(call: AttentionCall, masked_value: Optional[float], lengths: bool) -> int:
-    """Device bytes of the mask built for ``call`` (one bool byte per entry): 0 when the op gets no mask, the key
-    lengths or the compressed causal mask (one 2048 x 2048 mask per device, 4 MiB, shared by every call)."""
-    if mask_form(call, masked_value, lengths) != FULL:
-        return 0
-    batch, heads = (1, 1) if call.mask is None else _full_shape(tuple(call.mask.shape), call)
-    return batch * heads * call.q_len * call.key_len
+def mask_bytes(call: AttentionCall, masked_value: Optional[float], lengths: bool, pse: bool = False) -> int:
+    """Device bytes of the mask built for ``call``: the bool mask (one byte per entry; 0 when the op gets no mask,
+    the key lengths or the compressed causal mask — one 2048 x 2048 mask per device, 4 MiB, shared by every call)
+    and a bias's pse (its documented shape in the query's dtype; :func:`pse_shape`)."""
+    form = mask_form(call, masked_value, lengths, pse)
+    found = 0
+    if form in PSE_FORMS:
+        found += math.prod(pse_shape(tuple(call.mask.shape), call)) * call.query.element_size()
+    if form in (FULL, PSE_FULL):
+        batch, heads = (1, 1) if call.mask is None else _full_shape(tuple(call.mask.shape), call)
+        found += batch * heads * call.q_len * call.key_len
+    return found
 
 
 def float_mask_reasons(
-    call: AttentionCall, kernel: str, masked_value: Optional[float], pse_note: str, grad: bool
+    call: AttentionCall, kernel: str, masked_value: Optional[float], pse_note: str, grad: bool, pse: str = ""
 ) -> List[Reason]:
-    """Why an Ascend kernel cannot take ``call``'s float mask: it is a bias (the ops' bias inputs are not used:
-    ``pse_note`` says why), or, for the training op (``grad``), it requires a gradient that a bool mask cannot
-    carry. A pure mask is converted, so it is no reason."""
+    """Why an Ascend kernel cannot take ``call``'s float mask: it is a bias and the op's bias input is not used
+    (``pse_note`` says why; ``pse`` names the op whose ``pse`` takes it, when one does), or, for the training op
+    (``grad``), it requires a gradient that neither a bool mask nor ``pse`` carries. A pure mask is converted, so
+    it is no reason."""
     facts = float_mask_facts(call.mask, masked_value)
     shape = tuple(call.mask.shape)
+    if not facts.pure and pse:
+        if grad and call.needs_grad and call.mask.bias.requires_grad:
+            return [
+                Reason(
+                    "mask",
+                    f"float mask {shape} is a bias that requires grad: {kernel} passes it as {pse}'s pse, and no "
+                    "gradient for pse is documented; use a kernel that adds it to the scores (sdpa, chunked, math)",
+                )
+            ]
+        return []
     if not facts.pure:
         declare = (
             " (declare your masks' masking value, e.g. diffusers' -10000, with the masked_value option)"
@@ -226,14 +309,11 @@ def float_mask_reasons(
     return []
 
 
-#: Why the ops' bias inputs are not used (the ``pse_note`` of :func:`float_mask_reasons`).
-FUSION_PSE_NOTE = (
-    "npu_fusion_attention's pse input could carry a bias, but its docs scale it two ways and no test of theirs pins "
-    "one: the formula softmax(scale * (pse + q k^T)), the example softmax(scale * q k^T + pse)"
-)
+#: Why the inference op's bias input is not used (the ``pse_note`` of :func:`float_mask_reasons`).
 FIA_PSE_NOTE = (
     "npu_fused_infer_attention_score's pse_shift input could carry a bias, but its documented formula "
-    "softmax(scale * q k^T + atten_mask) has no pse, so how it is scaled is not documented"
+    "softmax(scale * q k^T + atten_mask) has no pse, so how it is scaled is not documented (npu_fusion takes "
+    "biases, as npu_fusion_attention's pse)"
 )
 
 
@@ -262,8 +342,8 @@ def limit_reasons(
 class AscendKernel(Kernel):
     """What the two Ascend kernels share: the package, the device and chip checks, and everything about masks (the
     ``masked_value`` option, which float masks they take, the form each mask reaches the op in, its bytes). A
-    subclass names its ``op``, says whether that op takes per-head masks and key lengths, and why its bias input
-    is not used (``pse_note``)."""
+    subclass names its ``op``, says whether that op takes per-head masks and key lengths, and whether it takes a
+    bias as ``pse`` (``pse_bias``) or why not (``pse_note``)."""
 
     package = PACKAGE
     supports_float_mask = False  # a bias: no; a pure float mask is converted (float_mask_reasons)
@@ -278,6 +358,8 @@ class AscendKernel(Kernel):
     STRATEGY_OPTIONS = {"masked_value": FromStrategy("masked_value")}
     op: ClassVar[str] = ""
     pse_note: ClassVar[str] = ""
+    #: whether the op takes a bias through ``pse`` (see :func:`pse_query`); then ``op_mask`` may carry one
+    pse_bias: ClassVar[bool] = False
     per_head_masks: ClassVar[bool] = False
     key_lengths: ClassVar[bool] = False
 
@@ -291,15 +373,17 @@ class AscendKernel(Kernel):
         return True
 
     def float_mask_reasons(self, call: AttentionCall) -> List[Reason]:
-        return float_mask_reasons(call, self.name, self._options["masked_value"], self.pse_note, self.supports_grad)
+        masked_value, pse = self._options["masked_value"], self.op if self.pse_bias else ""
+        return float_mask_reasons(call, self.name, masked_value, self.pse_note, self.supports_grad, pse)
 
     def reads_mask_values(self, device_type: str) -> bool:
         return self.device_types is None or device_type in self.device_types
 
     def plan_bytes(self, call: AttentionCall) -> int:
-        """The bool mask built for the call: 0 without a mask, for causal alone and for key lengths; no scores."""
-        return mask_bytes(call, self._options["masked_value"], self.key_lengths)
+        """The bool mask built for the call (0 without a mask, for causal alone and for key lengths) and a bias's
+        pse; no scores."""
+        return mask_bytes(call, self._options["masked_value"], self.key_lengths, self.pse_bias)
 
     def op_mask(self, call: AttentionCall) -> AscendMask:
         """What the op gets for ``call``'s mask (see :func:`ascend_mask`)."""
-        return ascend_mask(call, self.per_head_masks, self._options["masked_value"], self.key_lengths)
+        return ascend_mask(call, self.per_head_masks, self._options["masked_value"], self.key_lengths, self.pse_bias)

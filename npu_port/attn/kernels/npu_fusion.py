@@ -3,7 +3,9 @@
 Layout BNSD passes straight through (no transposes); grouped-query attention is native; dropout becomes
 ``keep_prob``; causal goes through the compressed mask and ``sparse_mode=2`` instead of being dropped, as diffusers'
 ``_native_npu`` backend drops it. A pure float mask becomes the op's bool mask (see :mod:`._ascend`); key padding
-stays a full ``(B, 1, Sq, Skv)`` mask here, since this op takes key lengths only in its TND (varlen) layout. Docs:
+stays a full ``(B, 1, Sq, Skv)`` mask here, since this op takes key lengths only in its TND (varlen) layout. A bias
+(T5's relative positions, ALiBi) goes to ``pse`` with ``scale=1`` and the query pre-scaled, the one case in which
+the docs' two formulas for pse agree (see :mod:`._ascend`). Docs:
 float16, bfloat16 and float32; head_dim 1..768 with Dk >= Dv; up to 256 query heads; batch up to 2M; sequences up
 to 1M.
 """
@@ -36,7 +38,7 @@ class NpuFusionKernel(_ascend.AscendKernel):
     max_head_dim = 768
     supports_lse = True  # softmax_max + log(softmax_sum), without gradients (the op's statistics are detached)
     op = "npu_fusion_attention"
-    pse_note = _ascend.FUSION_PSE_NOTE
+    pse_bias = True  # a bias goes to pse (scale=1, the query pre-scaled)
     per_head_masks = True  # BNSS masks
     key_lengths = False  # only in the TND (varlen) layout
 
@@ -80,14 +82,18 @@ class NpuFusionKernel(_ascend.AscendKernel):
         torch_npu = self.package_status().module
         mask = self.op_mask(call)
         atten_mask, row_has_key, sparse_mode = mask.atten_mask, mask.row_has_key, mask.sparse_mode
+        query, scale, pse = call.query, call.scale, mask.pse
+        if pse is not None:  # scale=1: the documented formulas for pse agree (see _ascend.pse_query)
+            query, scale = _ascend.pse_query(call), 1.0
         outputs = torch_npu.npu_fusion_attention(
-            call.query.contiguous(),
+            query.contiguous(),
             call.key.contiguous(),
             call.value.contiguous(),
             head_num=call.heads,
             input_layout="BNSD",
+            pse=pse,
             atten_mask=atten_mask,
-            scale=call.scale,
+            scale=scale,
             keep_prob=1.0 - call.dropout_p,
             pre_tockens=_ascend.NO_BAND_LIMIT,
             next_tockens=_ascend.NO_BAND_LIMIT,
