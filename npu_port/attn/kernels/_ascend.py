@@ -273,17 +273,7 @@ def float_mask_reasons(
     it is no reason."""
     facts = float_mask_facts(call.mask, masked_value)
     shape = tuple(call.mask.shape)
-    if not facts.pure and pse:
-        if grad and call.needs_grad and call.mask.bias.requires_grad:
-            return [
-                Reason(
-                    "mask",
-                    f"float mask {shape} is a bias that requires grad: {kernel} passes it as {pse}'s pse, and no "
-                    "gradient for pse is documented; use a kernel that adds it to the scores (sdpa, chunked, math)",
-                )
-            ]
-        return []
-    if not facts.pure:
+    if not facts.pure and not pse:
         declare = (
             " (declare your masks' masking value, e.g. diffusers' -10000, with the masked_value option)"
             if masked_value is None
@@ -299,12 +289,14 @@ def float_mask_reasons(
             )
         ]
     if grad and call.needs_grad and call.mask.bias.requires_grad:
+        why = (
+            f"requires grad: as {kernel}'s bool mask it would get no gradient"
+            if facts.pure
+            else f"is a bias that requires grad: {kernel} passes it as {pse}'s pse, and no gradient for pse is "
+            "documented"
+        )
         return [
-            Reason(
-                "mask",
-                f"float mask {shape} requires grad: as {kernel}'s bool mask it would get no gradient; use a kernel "
-                "that adds it to the scores (sdpa, chunked, math)",
-            )
+            Reason("mask", f"float mask {shape} {why}; use a kernel that adds it to the scores (sdpa, chunked, math)")
         ]
     return []
 
