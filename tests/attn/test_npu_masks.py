@@ -21,7 +21,7 @@ import npu_port
 from npu_port.attn import AttentionCall, get_kernel, masks
 from npu_port.attn.kernels import _ascend, sdpa
 from npu_port.attn.target import Target
-from npu_port.errors import KernelOptionError, StrategyOptionError
+from npu_port.errors import KernelOptionError, NoKernelError, StrategyOptionError
 from npu_port.strategy.registry import get_strategy
 from npu_port.strategy.router import StrategyRouter, strategy_options_for
 
