@@ -24,6 +24,7 @@ LAYER = {
     "weak": 0,
     "_patching": 0,
     "hits": 0,
+    "support": 0,  # the support policy (version ranges), read by doctor, the adapters and the CI lanes
     "device": 1,
     "distributed": 1,
     "attn": 2,
