@@ -44,22 +44,28 @@ def _quiet_diffusers() -> None:
     gather, say nothing the report does not."""
     import warnings
 
-    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
-    try:
-        from diffusers.utils import logging
+    from ..upstream.diffusers.pipelines import logging_module
 
+    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
+    logging = logging_module()
+    if logging is not None:
         logging.set_verbosity_error()
-    except ImportError:
-        pass
 
 
 def _no_loading_bars() -> None:
     """The weight-loading bars of every rank but the one that shows progress."""
-    for module in ("diffusers.utils.logging", "transformers.utils.logging"):
-        try:
-            __import__(module, fromlist=["disable_progress_bar"]).disable_progress_bar()
-        except (ImportError, AttributeError):
-            pass
+    from ..upstream.diffusers.pipelines import logging_module as diffusers_logging
+    from ..upstream.transformers import logging_module as transformers_logging
+
+    for logging in (diffusers_logging(), transformers_logging() if _transformers_installed() else None):
+        if logging is not None:
+            logging.disable_progress_bar()
+
+
+def _transformers_installed() -> bool:
+    from ..upstream.transformers import ADAPTER
+
+    return ADAPTER.version() is not None
 
 
 def run_rank(job: RankJob) -> Dict[str, Any]:

@@ -32,12 +32,10 @@ DIFFUSERS_APPLIER = register_target_applier("diffusers", _apply_to_diffusers_tar
 
 
 def is_transformers_model(target: Any) -> bool:
-    """A transformers ``PreTrainedModel``: told from ``sys.modules`` (a model exists only once transformers was
-    imported), so asking costs no import."""
-    import sys
+    """A transformers model (asking costs no import: :func:`npu_port.upstream.transformers.looks_like_model`)."""
+    from ..upstream.transformers import looks_like_model
 
-    module = sys.modules.get("transformers.modeling_utils")
-    return module is not None and isinstance(target, module.PreTrainedModel)
+    return looks_like_model(target)
 
 
 def _apply_to_transformers_target(

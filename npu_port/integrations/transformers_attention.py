@@ -1,26 +1,33 @@
-"""npu-port as a transformers attention implementation: a strategy applied to a pipeline routes its text encoders too.
+"""A strategy applied to transformers models: their SDPA calls run on the strategy's kernels.
 
-Why: transformers models (CLIP, T5, UMT5: the text encoders of diffusers pipelines) compute attention through
-``ALL_ATTENTION_FUNCTIONS`` (transformers' ``AttentionInterface``), chosen by ``config._attn_implementation``; on an
-NPU their ``sdpa`` runs torch_npu's SDPA, which takes the slow path that builds the whole score matrix for T5's float
-position bias, and the diffusers integration never saw those calls. Here:
+Why: transformers models (CLIP, T5, UMT5: the text encoders of diffusers pipelines) compute attention through the
+function their config names in transformers' ``AttentionInterface``; on an NPU their ``sdpa`` runs torch_npu's SDPA,
+which takes the slow path that builds the whole score matrix for T5's float position bias. npu-port routes exactly
+one thing there: the ``torch.nn.functional.scaled_dot_product_attention`` call that transformers' own ``"sdpa"``
+function makes, for the modules of the models a strategy was applied to.
 
-* :func:`npu_port_attention_forward` has the interface's signature and hands the call to the strategy's router
-  (the route of the model running now: :func:`~npu_port.integrations.diffusers.routing.current_route`), combining
-  ``position_bias`` with the mask exactly as transformers' own ``sdpa_attention_forward`` does (same causal rule,
-  same combined float mask from transformers' ``create_position_bias_mask``, key cropping, ``enable_gqa`` for
-  grouped keys, ``(B, S, H, D)`` output and ``None`` weights). transformers' NPU-only rewrite of a float mask into a
-  bool one is not copied: npu-port's kernels convert pure masks exactly and refuse what they cannot run, with reasons.
-* :func:`register` / :func:`unregister` put ``"npu_port"`` into ``AttentionInterface`` and take it out again,
-  counted across users; the last one leaves the interface exactly as it was.
-* :func:`apply_to_transformers` points every config of a ``PreTrainedModel`` (its own, its sub-models', their
-  ``sub_configs``) at ``"npu_port"`` and hooks the model so its calls find its route; the record's ``restore()``
-  puts every config's value back. Applications stack: a config goes back to the value it had before the first one
-  when the last one is restored, whatever the order; a config someone changed since is left as they set it.
+How, and why this way:
+
+* The ``"sdpa"`` entry of the interface is replaced, with ``AttentionInterface.register`` (transformers' public way to
+  add or override an attention function, reached through :mod:`npu_port.upstream.transformers`), by
+  :func:`routed_sdpa`, which calls the entry that was there. For a module of a routed model it runs that entry under
+  :class:`SdpaToRoute`, a ``torch.overrides.TorchFunctionMode`` that hands the SDPA call to the strategy's router.
+  Everything transformers does around the call (masks, position bias, grouped keys, caches, output layout) stays
+  transformers' own code at whatever version is installed: nothing of it is copied, so a release that changes it
+  cannot break the routing (5.24 moved a class 5.23's copy read). For every other module it is the original call.
+* Routes are found from the attention module itself (the interface's first argument), in a weak map filled when a
+  strategy is applied: a gradient-checkpoint recompute, which runs a layer outside its model's forward, takes the
+  same route as the forward it recomputes; a model built from an applied model's config, or a copy, is not in the
+  map and runs transformers' own path.
+* Configs are never changed: ``config._attn_implementation`` stays what the user or transformers chose. A model set
+  to ``eager`` (for its attention weights, say) or to another implementation is left on it and reported as not
+  routed, with the reason; ``model.set_attn_implementation("sdpa")`` later routes it.
+* Versions without the interface (transformers before 4.50) and models whose attention is their own code (not the
+  interface) decline: the model runs on transformers' own path, with one warning and a line in ``explain()``.
 
 The diffusers applier calls :func:`apply_to_transformers` for a pipeline's transformers components (text_encoder,
-text_encoder_2, ...), and a bare ``PreTrainedModel`` target reaches it through its own target applier
-(:mod:`npu_port.integrations`). transformers is imported only by these functions.
+text_encoder_2, ...); a bare ``PreTrainedModel`` target reaches it through its own target applier
+(:mod:`npu_port.integrations`).
 """
 
 from __future__ import annotations
@@ -28,135 +35,133 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import Counter
+from contextvars import ContextVar
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
-from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
-from ..errors import NpuPortError
+from ..upstream import Decline
+from ..upstream import transformers as upstream
 from ..weak import weak
-from . import is_transformers_model
-from .diffusers.routing import AttentionFn, Route, Tally, current_route, install_route_hooks
+from .diffusers.routing import AttentionFn, Route, Tally
 
-#: The name in transformers' AttentionInterface (``config._attn_implementation``).
-IMPLEMENTATION = "npu_port"
 #: The path routed calls are counted under (``handle.applied.calls``).
 PATH = "transformers"
+#: The implementation whose SDPA call is routed.
+ROUTED = upstream.ROUTED_IMPLEMENTATION
+#: Why a call inside a routed module was left to transformers (``Tally.declined``).
+NO_SDPA_CALL = "transformers' sdpa attention made no SDPA call (its code changed): computed by transformers"
+
+#: torch's SDPA itself, as torch dispatches it (``F.scaled_dot_product_attention`` is this object unless something
+#: patched the attribute, as ``npu-port plan`` does while it records).
+_SDPA = torch._C._nn.scaled_dot_product_attention
+_SDPA_PARAMETERS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
 
 _LOCK = threading.RLock()
 _USERS = 0
-_MISSING = object()
-_saved: Any = _MISSING  # [(table, its entry under IMPLEMENTATION before the first registration)]
+_original: Optional[Callable[..., Any]] = None  # the "sdpa" entry before the first registration
+#: True while a routed module's transformers ``sdpa`` runs: its SDPA call is about to be routed (and counted there).
+_ROUTING: ContextVar[bool] = ContextVar("npu_port_transformers_routing", default=False)
+#: attention module -> the routes applied to it, innermost last (weak: a freed model leaves nothing behind).
+_ROUTES: "weakref.WeakKeyDictionary[torch.nn.Module, Tuple[Route, ...]]" = weakref.WeakKeyDictionary()
 
 
-class NotRoutedError(NpuPortError):
-    """A model set to npu_port's attention ran a call outside any model a strategy routes."""
+class SdpaToRoute(TorchFunctionMode):
+    """While active, ``torch.nn.functional.scaled_dot_product_attention`` calls go to ``route`` (counted); every
+    other torch function runs as it is. torch disables a mode while its own handler runs, so the kernels' own SDPA
+    calls do not come back here."""
 
+    def __init__(self, route: Route) -> None:
+        super().__init__()
+        self.route = route
+        self.routed = 0
 
-def _no_route(module: Any) -> NotRoutedError:
-    return NotRoutedError(
-        f"{type(module).__name__} runs attention implementation {IMPLEMENTATION!r} outside a model npu-port routes "
-        "(a copy of a model made while a strategy was applied to it, or a part of it called on its own), so no "
-        "strategy is there to run it; call the model the strategy was applied to, or set another implementation: "
-        "model.set_attn_implementation('sdpa')"
-    )
-
-
-def npu_port_attention_forward(
-    module: torch.nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attention_mask: Optional[Tensor],
-    dropout: float = 0.0,
-    scaling: Optional[float] = None,
-    is_causal: Optional[bool] = None,
-    position_bias: Optional[Tensor] = None,
-    cache: Any = None,
-    **kwargs: Any,
-) -> Tuple[Tensor, None]:
-    """transformers' attention interface: ``(B, H, S, D)`` query / key / value in, ``((B, S, H, D) output, None)``
-    out, computed by the running model's strategy. Semantics of transformers' ``sdpa_attention_forward``."""
-    from transformers.integrations import sdpa_attention as reference
-
-    route = current_route()
-    if route is None:
-        raise _no_route(module)
-    if kwargs.get("softcap") is not None:
-        raise ValueError(
-            f"attention implementation {IMPLEMENTATION!r} does not support `softcap` (neither does transformers' "
-            "`sdpa`); use `eager` or `flex_attention` for this model"
+    def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not _SDPA:
+            return func(*args, **kwargs)
+        values = dict(_SDPA_DEFAULTS)
+        values.update(zip(_SDPA_PARAMETERS, args))
+        values.update(kwargs)
+        unknown = set(values) - set(_SDPA_PARAMETERS)
+        if unknown:  # an SDPA argument newer than npu-port: let torch run the call as it was made
+            self.route.decline(f"SDPA argument(s) {', '.join(sorted(unknown))} not known to npu-port: run by torch")
+            return func(*args, **kwargs)
+        self.routed += 1
+        return self.route.attend(
+            PATH,
+            values["query"],
+            values["key"],
+            values["value"],
+            values["attn_mask"],
+            dropout_p=values["dropout_p"],
+            is_causal=values["is_causal"],
+            scale=values["scale"],
+            enable_gqa=values["enable_gqa"],
         )
-    if kwargs.get("output_attentions", False):
-        reference.logger.warning_once(
-            f"`{IMPLEMENTATION}` attention does not support `output_attentions=True`; set the attention "
-            "implementation to `eager` for attention weights."
-        )
-    if isinstance(cache, reference.PagedAttentionCache):
-        key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
 
-    enable_gqa = getattr(module, "num_key_value_groups", 1) > 1  # SDPA's grouped keys: repeat_kv's result, exactly
-    q_length, kv_length = query.shape[2], key.shape[2]
-    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    is_causal = bool(q_length > 1 and attention_mask is None and is_causal)
-    if is_causal and q_length > 1 and kv_length > q_length:  # a prefill into a longer static cache: as sdpa does
-        key, value = key[:, :, :q_length, :], value[:, :, :q_length, :]
-        if position_bias is not None:
-            position_bias = position_bias[:, :, :, :q_length]
-    if position_bias is not None:
-        attention_mask = reference.create_position_bias_mask(position_bias, attention_mask, is_causal, query, key)
-        is_causal = False
 
-    output = route.attend(
-        PATH, query, key, value, attention_mask, dropout_p=dropout, is_causal=is_causal, scale=scaling,
-        enable_gqa=enable_gqa,
-    )  # fmt: skip
-    output = output.reshape(output.shape[0], -1, q_length, value.shape[-1])
-    return output.transpose(1, 2).contiguous(), None
+def routed_sdpa(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The interface's ``"sdpa"`` entry while npu-port is registered: transformers' own ``sdpa`` function, with its
+    SDPA call on the module's route when the module belongs to a routed model."""
+    original = routed_sdpa.original
+    try:
+        routes = _ROUTES.get(module)
+    except TypeError:  # not weak-referenceable / hashable: never one of ours
+        routes = None
+    if not routes:
+        return original(module, *args, **kwargs)
+    mode = SdpaToRoute(routes[-1])
+    token = _ROUTING.set(True)
+    try:
+        with mode:
+            result = original(module, *args, **kwargs)
+    finally:
+        _ROUTING.reset(token)
+    if not mode.routed:
+        routes[-1].decline(NO_SDPA_CALL)
+    return result
+
+
+routed_sdpa.original = None  # type: ignore[attr-defined]
+
+
+def sdpa_call_is_routed() -> bool:
+    """Whether an SDPA call made now comes from a routed transformers module (the strategy's router sees it, so
+    whoever counts direct SDPA calls, as ``npu-port plan`` does, must not count it again)."""
+    return _ROUTING.get()
 
 
 # ---- registration in transformers' AttentionInterface -----------------------------------------------------------
 
 
-def _tables() -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """transformers' two class-wide tables: attention functions, and the mask builders models pick by the same name."""
-    from transformers.masking_utils import AttentionMaskInterface
-    from transformers.modeling_utils import AttentionInterface
-
-    return AttentionInterface._global_mapping, AttentionMaskInterface._global_mapping
-
-
 def register() -> None:
-    """Put ``"npu_port"`` into transformers' ``AttentionInterface``, and into ``AttentionMaskInterface`` with
-    ``sdpa``'s mask builder (an implementation without one gets no mask at all: padding would be attended), counted;
-    the first call does the work."""
-    global _USERS, _saved
+    """Put :func:`routed_sdpa` under ``"sdpa"`` (counted; the first call does the work)."""
+    global _USERS, _original
     with _LOCK:
         if _USERS == 0:
-            from transformers.masking_utils import sdpa_mask
-
-            functions, masks = _tables()
-            _saved = [(table, table.get(IMPLEMENTATION, _MISSING)) for table in (functions, masks)]
-            functions[IMPLEMENTATION] = npu_port_attention_forward
-            masks[IMPLEMENTATION] = sdpa_mask
+            current = upstream.sdpa_entry()
+            if current is not routed_sdpa:  # ours may still be there if someone wrapped it since: keep its original
+                _original = current
+                routed_sdpa.original = current  # type: ignore[attr-defined]
+            upstream.set_sdpa_entry(routed_sdpa)
         _USERS += 1
 
 
 def unregister() -> None:
-    """One user fewer; the last one leaves both interfaces exactly as they were before the first."""
-    global _USERS, _saved
+    """One user fewer; the last one puts the entry back — unless someone registered their own since (theirs
+    stays, and, if it calls ours, ours keeps calling the original: nothing is routed without a route)."""
+    global _USERS
     with _LOCK:
         if _USERS == 0:
             return
         _USERS -= 1
         if _USERS:
             return
-        for table, old in _saved:
-            if old is _MISSING:
-                table.pop(IMPLEMENTATION, None)
-            else:
-                table[IMPLEMENTATION] = old
-        _saved = _MISSING
+        if upstream.sdpa_entry() is routed_sdpa and _original is not None:
+            upstream.set_sdpa_entry(_original)
 
 
 def registered() -> bool:
@@ -164,96 +169,62 @@ def registered() -> bool:
         return _USERS > 0
 
 
-# ---- configs: set, stacked, put back ----------------------------------------------------------------------------
-
-
-class _ConfigLayer:
-    """One config set to npu_port: the value it had before the first application, and how many hold it."""
-
-    __slots__ = ("config", "original", "users")
-
-    def __init__(self, config: Any, original: Any) -> None:
-        self.config = weakref.ref(config)
-        self.original = original
-        self.users = 0
-
-
-#: id(config) -> its layer (configs define __eq__, so they are not hashable; entries go when the config is freed).
-_CONFIGS: Dict[int, _ConfigLayer] = {}
-
-
-def _forget(key: int, layer: _ConfigLayer) -> None:
+def routed_modules() -> int:
+    """Modules with a route now (for tests: back to 0 once every handle is restored or the models are freed)."""
     with _LOCK:
-        if _CONFIGS.get(key) is layer:
-            del _CONFIGS[key]
+        return len(_ROUTES)
 
 
-def _hold(config: Any) -> None:
-    with _LOCK:
-        layer = _CONFIGS.get(id(config))
-        if layer is None or layer.config() is not config:
-            layer = _CONFIGS[id(config)] = _ConfigLayer(config, config._attn_implementation_internal)
-            weakref.finalize(config, _forget, id(config), layer)
-        layer.users += 1
-        config._attn_implementation_internal = IMPLEMENTATION
+def _push(module: torch.nn.Module, route: Route) -> None:
+    _ROUTES[module] = _ROUTES.get(module, ()) + (route,)
 
 
-def _release(config: Any) -> bool:
-    """One application fewer on ``config``; the last puts its value back. False: changed since, left alone."""
-    with _LOCK:
-        layer = _CONFIGS.get(id(config))
-        if layer is None or layer.config() is not config:
-            return True
-        layer.users -= 1
-        if layer.users > 0:
-            return True
-        del _CONFIGS[id(config)]
-        if config._attn_implementation_internal != IMPLEMENTATION:
-            return False
-        config._attn_implementation_internal = layer.original
-        return True
+def _pop(module: torch.nn.Module, route: Route) -> None:
+    routes = tuple(r for r in _ROUTES.get(module, ()) if r is not route)
+    if routes:
+        _ROUTES[module] = routes
+    else:
+        _ROUTES.pop(module, None)
 
 
-def held_configs() -> int:
-    """Configs set to npu_port by an application now (for tests: back to 0 once every handle is restored)."""
-    with _LOCK:
-        return len(_CONFIGS)
-
-
-def _configs(model: Any) -> List[Any]:
-    """Every config the model's attention may read: each sub-model's and, recursively, their ``sub_configs``."""
-    found: Dict[int, Any] = {}
-    queue = [m.config for m in model.modules() if is_transformers_model(m)]
-    while queue:
-        config = queue.pop(0)
-        if id(config) in found:
-            continue
-        found[id(config)] = config
-        queue += [getattr(config, key) for key in getattr(config, "sub_configs", {}) if getattr(config, key, None)]
-    return list(found.values())
+# ---- applying --------------------------------------------------------------------------------------------------
 
 
 class TextModelState(NamedTuple):
-    """One transformers model of a target: its name, its class, the implementation it had, and what it has now."""
+    """One transformers model of a target: its name, its class, the implementation it had when the strategy was
+    applied, the one it has now, and whether its attention is routed now (``reason`` when it is not)."""
 
     name: str
     model: str
     original: str
     now: str
+    routed: bool
+    reason: str
+
+
+def _not_routed_reason(implementation: Optional[str]) -> Optional[str]:
+    if implementation == ROUTED:
+        return None
+    if implementation is None:
+        return "this transformers version has no attention implementation setting"
+    return (
+        f"attention implementation {implementation!r} kept as set (npu-port routes {ROUTED!r}; "
+        f"model.set_attn_implementation({ROUTED!r}) routes it)"
+    )
 
 
 class AppliedTransformers:
-    """A strategy applied to transformers models (a pipeline's text encoders, or one model): :meth:`restore` puts
-    back each config's implementation and removes the hooks (idempotent). ``calls``: routed calls by path."""
+    """A strategy applied to transformers models (a pipeline's text encoders, or one model): :meth:`restore` removes
+    the routes (idempotent). ``calls``: routed calls by path; ``declines``: what could not be routed and why."""
 
     def __init__(self, target: Any, tally: Optional[Tally] = None) -> None:
         self._target = weak(target)
         self.tally = tally if tally is not None else Tally()
-        self.models: List[Tuple[str, "weakref.ref[Any]", str]] = []  # (name, model, implementation it had)
-        self.left_alone: List[str] = []
-        self.own_code: List[str] = []  # a pipeline's models that compute attention in their own code: not routed
-        self._configs: List[Any] = []
-        self._hooks: List[Any] = []
+        #: (name, model, implementation it had, why it cannot be routed at all: None when it is routable)
+        self.models: List[Tuple[str, "weakref.ref[Any]", str, Optional[str]]] = []
+        self.own_code: List[str] = []  # models whose attention is their own code: not routed
+        self.declines: List[Decline] = []
+        self._routed: List[Tuple["weakref.ref[torch.nn.Module]", Route]] = []
         self._registered = False
         self.restored = False
 
@@ -269,57 +240,77 @@ class AppliedTransformers:
     def total_calls(self) -> int:
         return self.tally.total
 
+    @property
+    def declined(self) -> Counter:
+        """Calls inside routed modules left to transformers, by reason."""
+        return self.tally.declined
+
+    def text_states(self) -> List[TextModelState]:
+        return self.states()
+
     def add(self, name: str, model: Any, attention_fn: AttentionFn) -> None:
-        """Route ``model``'s attention (every config it reads) to ``attention_fn``, counted under ``name``."""
+        """Route the SDPA calls of ``model``'s attention modules to ``attention_fn``, counted under ``name``."""
         if not self._registered:
             register()
             self._registered = True
-        self.models.append((name, weakref.ref(model), str(model.config._attn_implementation)))
+        self._note(name, model, None)
         route = Route(attention_fn, name, self.tally)
-        for config in _configs(model):
-            self._configs.append(config)  # before the change: a failure half-way is undone by restore()
-            _hold(config)
-        for sub in model.modules():
-            if is_transformers_model(sub):
-                self._hooks.extend(install_route_hooks(sub, route))
+        with _LOCK:
+            for module in model.modules():
+                self._routed.append((weakref.ref(module), route))
+                _push(module, route)
+
+    def _note(self, name: str, model: Any, unroutable: Optional[str]) -> None:
+        implementation = upstream.attention_implementation(model)
+        self.models.append((name, weakref.ref(model), str(implementation), unroutable))
 
     def counts(self) -> Dict[str, int]:
         return {"text models": len(self.models)}
 
     def states(self) -> List[TextModelState]:
         states = []
-        for name, ref, original in self.models:
+        for name, ref, original, unroutable in self.models:
             model = ref()
-            now = "freed" if model is None else str(model.config._attn_implementation)
-            states.append(TextModelState(name, type(model).__name__ if model is not None else "-", original, now))
+            if model is None:
+                states.append(TextModelState(name, "-", original, "freed", False, "the model was freed"))
+                continue
+            now = upstream.attention_implementation(model)
+            reason = unroutable or ("restored" if self.restored else _not_routed_reason(now))
+            states.append(TextModelState(name, type(model).__name__, original, str(now), reason is None, reason or ""))
         return states
 
     def describe(self) -> str:
         state = "restored" if self.restored else "active"
-        lines = [f"{len(self.models)} transformers models ({state}): attention implementation {IMPLEMENTATION!r}"]
+        lines = [f"{len(self.models)} transformers models ({state}): their {ROUTED!r} attention's SDPA call routed"]
         for s in self.states():
-            lines.append(f"  {s.name or s.model}: {s.model}, {s.original} -> {s.now}")
+            how = "routed" if s.routed else f"not routed: {s.reason}"
+            lines.append(f"  {s.name or s.model}: {s.model}, attention implementation {s.now} ({how})")
         if self.tally.calls.get(PATH):
             lines.append(f"  transformers attention calls routed: {self.tally.calls[PATH]}")
-        if self.own_code:
-            lines.append(
-                f"  not routed (attention in their own code, not AttentionInterface): {', '.join(self.own_code)}"
-            )
-        if self.left_alone:
-            lines.append(f"  implementation changed since, kept on restore: {', '.join(self.left_alone)}")
+        lines += [f"  not routed: {decline}" for decline in self.declines]
         return "\n".join(lines)
+
+    def upstream_declines(self) -> List[Decline]:
+        return list(self.declines)
+
+    def report(self) -> Dict[str, Any]:
+        return {
+            "models": [state._asdict() for state in self.states()],
+            "own_code": list(self.own_code),
+            "declines": [decline.as_dict() for decline in self.declines],
+            "calls": dict(self.tally.calls),
+        }
 
     def restore(self) -> None:
         if self.restored:
             return
         self.restored = True
-        for hook in reversed(self._hooks):
-            hook.remove()
-        self._hooks.clear()
-        for config in reversed(self._configs):
-            if not _release(config):
-                self.left_alone.append(type(config).__name__)
-        self._configs.clear()
+        with _LOCK:
+            for ref, route in reversed(self._routed):
+                module = ref()
+                if module is not None:
+                    _pop(module, route)
+            self._routed.clear()
         if self._registered:
             unregister()
             self._registered = False
@@ -329,8 +320,13 @@ class AppliedTransformers:
 
 
 def text_models(components: List[Tuple[str, Any]]) -> List[Tuple[str, Any]]:
-    """The transformers models among ``(name, component)`` pairs (a pipeline's text encoders, image encoders)."""
-    return [(name, c) for name, c in components if is_transformers_model(c)]
+    """The transformers models among ``(name, component)`` pairs (a pipeline's text encoders, image encoders),
+    recognised even when transformers moved ``PreTrainedModel`` (they are then declined with that reason)."""
+    return [(name, c) for name, c in components if upstream.looks_like_model(c)]
+
+
+def _uses_interface(model: Any) -> bool:
+    return any(upstream.uses_attention_interface(type(module)) for module in model.modules())
 
 
 def apply_to_transformers(
@@ -341,11 +337,13 @@ def apply_to_transformers(
     models: Optional[List[Tuple[str, Any]]] = None,
     tally: Optional[Tally] = None,
 ) -> AppliedTransformers:
-    """Route the attention of ``models`` (default: ``target`` itself, a ``PreTrainedModel``) to ``attention_fn``.
+    """Route the SDPA calls of ``models`` (default: ``target`` itself, a ``PreTrainedModel``) to ``attention_fn``.
 
     The target applier for transformers models, and what the diffusers applier calls for a pipeline's transformers
-    components. All or nothing: a failure part-way undoes what was done. ``processor_factory`` (the
-    ``custom-processor`` strategy) installs diffusers processors, which transformers models do not have: refused.
+    components. What cannot be routed is declined, never raised: a transformers version without the interface (one
+    warning, named in ``describe()``), a model whose attention is its own code. All or nothing otherwise: a failure
+    part-way undoes what was done. ``processor_factory`` (the ``custom-processor`` strategy) installs diffusers
+    processors, which transformers models do not have: refused.
     """
     if processor_factory is not None or attention_fn is None:
         raise TypeError(
@@ -355,19 +353,37 @@ def apply_to_transformers(
     if not callable(attention_fn):
         raise TypeError(f"attention_fn must be callable, got {type(attention_fn).__name__}")
     chosen = models if models is not None else [("", target)]
-    own_code = [(n, m) for n, m in chosen if not type(m)._can_set_attn_implementation()]
-    if models is None and own_code:
-        raise ValueError(
-            f"{type(target).__name__} computes attention in its own code, not through transformers' "
-            "AttentionInterface (transformers' own set_attn_implementation refuses it too), so npu-port cannot route it"
-        )
     applied = AppliedTransformers(target, tally)
-    applied.own_code = [f"{n} ({type(m).__name__})" for n, m in own_code]
+    decline = upstream.ADAPTER.decline(upstream.TEXT_ENCODERS, "PreTrainedModel", "AttentionInterface")
+    if decline is not None:
+        applied.declines.append(decline)
+        for name, model in chosen:
+            applied._note(name, model, f"transformers {decline.version} has no {', '.join(decline.missing)}")
+        return applied
     try:
         for name, model in chosen:
-            if (name, model) not in own_code:
+            if _uses_interface(model):
                 applied.add(name, model, attention_fn)
+            else:
+                applied.own_code.append(f"{name or type(model).__name__} ({type(model).__name__})")
+                applied._note(name, model, "its attention is its own code, not transformers' AttentionInterface")
     except BaseException:
         applied.restore()
         raise
     return applied
+
+
+__all__ = [
+    "AppliedTransformers",
+    "PATH",
+    "ROUTED",
+    "SdpaToRoute",
+    "TextModelState",
+    "apply_to_transformers",
+    "register",
+    "registered",
+    "routed_modules",
+    "routed_sdpa",
+    "text_models",
+    "unregister",
+]

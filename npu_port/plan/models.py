@@ -19,13 +19,14 @@ from ..attn.target import Target
 from ..errors import PlanError
 from ..infer.models import TINY_MODELS, describe_model, load_pipeline, resolve_dtype
 from ..infer.run import GenerationRequest, call_arguments, check_request
+from ..upstream.diffusers import pipelines as upstream_pipelines
 from .assess import Plan, assess
 from .record import Recording, record_calls, recording_strategy
 
 #: Denoising steps a plan runs by default: every step makes the same calls, so two show the pattern and the count.
 DEFAULT_STEPS = 2
 #: The diffusers logger that warns about half precision on a CPU.
-PIPELINE_LOGGER = "diffusers.pipelines.pipeline_utils"
+PIPELINE_LOGGER = upstream_pipelines.PIPELINE_LOGGER
 
 
 def plan_dtype(dtype: str, target: Target) -> torch.dtype:

@@ -202,8 +202,10 @@ def _caller_site() -> Optional[str]:
 
 
 def _recording_sdpa(original: Callable[..., Tensor], recording: Recording) -> Callable[..., Tensor]:
+    from ..integrations.transformers_attention import sdpa_call_is_routed
+
     def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> Tensor:
-        if not _IN_KERNEL.get():
+        if not _IN_KERNEL.get() and not sdpa_call_is_routed():
             try:
                 call = AttentionCall.from_arguments(*_sdpa_arguments(*args, **kwargs))
             except TypeError:

@@ -101,6 +101,10 @@ class StrategyHandle:
         if self.applied is not None:
             data["modules"] = self.applied.counts()
             data["modules_now"] = [state._asdict() for state in self.applied.states()]
+            text_states = getattr(self.applied, "text_states", None)
+            data["text_models"] = [state._asdict() for state in text_states()] if text_states is not None else []
+            declines = getattr(self.applied, "upstream_declines", None)
+            data["declines"] = [decline.as_dict() for decline in declines()] if declines is not None else []
         if self.fused is not None:
             data["fuse_ops"] = self.fused.report()
         return data

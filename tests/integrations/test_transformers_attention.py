@@ -1,11 +1,14 @@
-"""transformers models through npu-port's router: parity with transformers' own ``sdpa`` and ``eager`` (float64), the
-attention interface and configs put back exactly (counted, stacked, any order), a pipeline's text encoders routed and
-restored with its handle, and the errors for what cannot be routed."""
+"""transformers models through npu-port's router: parity with transformers' own ``sdpa`` and ``eager`` (float64); the
+interface entry put back exactly (counted, stacked, any order); configs never touched; a user's implementation
+honoured (``eager`` and its attention weights, ``set_attn_implementation``); gradient checkpointing routed with the
+same gradients; models built from an applied model's config and copies on transformers' own path; a pipeline's text
+encoders routed and restored with its handle; and what cannot be routed declined, never raised."""
 
 from __future__ import annotations
 
 import copy
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -17,15 +20,16 @@ from npu_port.attn.call import AttentionCall
 from npu_port.attn.kernels.base import Kernel
 from npu_port.errors import KernelUnavailableError
 from npu_port.integrations import transformers_attention as ta
-from npu_port.integrations.diffusers.routing import Route, active_route
+from npu_port.integrations.diffusers.routing import Route
 from npu_port.reasons import Reason
 from npu_port.strategy.spec import Strategy
+from npu_port.upstream import UpstreamDeclinedWarning, forget_declines
+from npu_port.upstream import transformers as upstream
 from tests.infer.conftest import _module_cache, model_cache  # noqa: F401  (the tiny pipelines, built once)
 
 transformers = pytest.importorskip("transformers")
-from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
-from transformers.masking_utils import AttentionMaskInterface  # noqa: E402
-from transformers.modeling_utils import AttentionInterface  # noqa: E402
+if not upstream.ADAPTER.has("AttentionInterface"):  # transformers < 4.50: the decline is tested in tests/upstream
+    pytest.skip("this transformers has no AttentionInterface: nothing is routed", allow_module_level=True)
 
 from npu_port.integrations.diffusers.tiny_flux import tiny_t5_encoder  # noqa: E402
 from npu_port.integrations.diffusers.tiny_text2image import tiny_clip_text_encoder  # noqa: E402
@@ -37,22 +41,34 @@ ENCODERS = {
 }
 
 
-def _tables():
-    return dict(AttentionInterface._global_mapping), dict(AttentionMaskInterface._global_mapping)
+def _layers(model):
+    config = model.config
+    return getattr(config, "num_hidden_layers", None) or config.num_layers
 
 
-def _inputs(seed=0):
+def _entry():
+    return transformers.AttentionInterface()["sdpa"]
+
+
+def _inputs(seed=0, batch=3):
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 98, (3, 11), generator=gen)
-    mask = torch.ones(3, 11, dtype=torch.long)
-    mask[1, 7:] = 0  # padding: the mask builder's bool mask reaches the router
-    mask[2, 4:] = 0
+    ids = torch.randint(0, 98, (batch, 11), generator=gen)
+    mask = torch.ones(batch, 11, dtype=torch.long)
+    mask[1, 7:] = 0  # padding: the mask builder's mask reaches the router
+    mask[2 % batch, 4:] = 0
     return ids, mask
 
 
-def _encode(model, ids, mask):
+def _encode(model, ids, mask, **kwargs):
     with torch.no_grad():
-        return model(input_ids=ids, attention_mask=mask).last_hidden_state
+        return model(input_ids=ids, attention_mask=mask, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_declines():
+    forget_declines()
+    yield
+    forget_declines()
 
 
 @pytest.mark.parametrize("family, strategy", list(itertools.product(ENCODERS, ["vanilla", "sdpa", "chunked"])))
@@ -63,26 +79,19 @@ def test_encoders_match_transformers_own_sdpa_and_eager_in_float64(family, strat
     expected = {}
     for implementation in ("eager", "sdpa"):
         model.set_attn_implementation(implementation)
-        expected[implementation] = _encode(model, ids, mask)
-    before = _tables()
+        expected[implementation] = _encode(model, ids, mask).last_hidden_state
+    original = _entry()
     with npu_port.attention_strategy(strategy, target=model) as handle:
-        assert model.config._attn_implementation == "npu_port"
-        got = _encode(model, ids, mask)
-        layers = model.config.num_hidden_layers if family == "clip" else model.config.num_layers
-        assert handle.applied.calls == {"transformers": layers}
-        assert sum(handle.calls.values()) == layers
-    assert model.config._attn_implementation == "sdpa" and _tables() == before
+        assert model.config._attn_implementation == "sdpa"  # the config is never changed
+        assert _entry() is ta.routed_sdpa
+        got = _encode(model, ids, mask).last_hidden_state
+        assert handle.applied.calls == {"transformers": _layers(model)}
+        assert sum(handle.calls.values()) == _layers(model)
+    assert model.config._attn_implementation == "sdpa" and _entry() is original and ta.routed_modules() == 0
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, expected["sdpa"], rtol=0, atol=1e-12)
     # eager: on every real token (padded queries differ by design), to its float32 softmax's precision
     torch.testing.assert_close(got[real], expected["eager"][real], rtol=0, atol=1e-6)
-
-
-class _Module(torch.nn.Module):
-    def __init__(self, groups, causal):
-        super().__init__()
-        self.num_key_value_groups = groups
-        self.is_causal = causal
 
 
 @settings(max_examples=60, deadline=None)
@@ -93,79 +102,181 @@ class _Module(torch.nn.Module):
     q_len=st.integers(1, 5),
     extra_kv=st.integers(0, 3),
     mask_kind=st.sampled_from([None, "bool", "float"]),
-    bias=st.booleans(),
-    is_causal=st.sampled_from([None, True, False]),
-    module_causal=st.booleans(),
-    scaling=st.sampled_from([None, 1.0, 0.3]),
+    is_causal=st.booleans(),
+    scale=st.sampled_from([None, 1.0, 0.3]),
+    positional=st.integers(3, 6),  # scale and enable_gqa are keyword-only in torch
     seed=st.integers(0, 2**16),
 )
-def test_each_argument_combination_matches_sdpa_attention_forward(
-    batch, kv_heads, groups, q_len, extra_kv, mask_kind, bias, is_causal, module_causal, scaling, seed
+def test_every_sdpa_argument_form_reaches_the_route_as_torch_would_read_it(
+    batch, kv_heads, groups, q_len, extra_kv, mask_kind, is_causal, scale, positional, seed
 ):
+    """Whatever mix of positional and keyword arguments transformers' code uses for SDPA, the route gets what torch
+    would have computed with (float64, against torch's own SDPA)."""
     gen = torch.Generator().manual_seed(seed)
     heads, kv_len, dim = kv_heads * groups, q_len + extra_kv, 4
     query = torch.randn(batch, heads, q_len, dim, generator=gen, dtype=torch.float64)
     key = torch.randn(batch, kv_heads, kv_len, dim, generator=gen, dtype=torch.float64)
     value = torch.randn(batch, kv_heads, kv_len, dim, generator=gen, dtype=torch.float64)
     mask = None
-    if mask_kind is not None:
+    if mask_kind is not None and not is_causal:
         keep = torch.rand(batch, 1, q_len, kv_len, generator=gen) > 0.3
         keep[..., 0] = True  # every query keeps a key: no fully masked row
         mask = keep if mask_kind == "bool" else torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, -1e9)
-    position_bias = torch.randn(1, heads, q_len, kv_len, generator=gen, dtype=torch.float64) if bias else None
-    module = _Module(groups, module_causal)
-    arguments = dict(scaling=scaling, is_causal=is_causal, position_bias=position_bias)
-    expected, _ = sdpa_attention_forward(module, query, key, value, mask, **arguments)
+    values = [query, key, value, mask, 0.0, is_causal, scale, groups > 1]
+    names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
+    args, kwargs = values[:positional], dict(zip(names[positional:], values[positional:]))
+    expected = torch.nn.functional.scaled_dot_product_attention(*args, **kwargs)
     route = Route(npu_port.attention)
-    with active_route(route):
-        got, weights = ta.npu_port_attention_forward(module, query, key, value, mask, **arguments)
-    assert weights is None and got.shape == expected.shape == (batch, q_len, heads, dim) and got.is_contiguous()
-    assert route.tally.calls == {"transformers": 1}
+    with ta.SdpaToRoute(route) as mode:
+        got = torch.nn.functional.scaled_dot_product_attention(*args, **kwargs)
+    assert mode.routed == 1 and route.tally.calls == {"transformers": 1}
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
 
 
-def test_registration_is_counted_and_puts_back_an_entry_that_was_there():
+def test_registration_is_counted_and_puts_back_the_entry_that_was_there():
     model_a, model_b = ENCODERS["t5"](), ENCODERS["t5"]()
-    mine = object()
-    AttentionInterface._global_mapping["npu_port"] = mine  # someone's entry under the same name
+    original = _entry()
+    first = npu_port.set_attention_strategy("sdpa", target=model_a)
+    second = npu_port.set_attention_strategy("sdpa", target=model_b)
+    assert _entry() is ta.routed_sdpa and ta.routed_sdpa.original is original
+    first.restore()
+    assert ta.registered() and _entry() is ta.routed_sdpa
+    second.restore()
+    second.restore()  # idempotent: not counted twice
+    assert not ta.registered() and _entry() is original and ta.routed_modules() == 0
+
+
+def test_an_entry_someone_registered_since_is_left_in_place_and_still_works():
+    model = ENCODERS["clip"]().eval()
+    ids, mask = _inputs()
+    original = _entry()
+    expected = _encode(model, ids, mask).last_hidden_state
+    handle = npu_port.set_attention_strategy("sdpa", target=model)
+    seen = []
+
+    def theirs(module, *args, **kwargs):  # wraps whatever was there when it was registered: ours
+        seen.append(type(module).__name__)
+        return ta.routed_sdpa(module, *args, **kwargs)
+
+    transformers.AttentionInterface.register("sdpa", theirs)
     try:
-        before = _tables()
-        first = npu_port.set_attention_strategy("sdpa", target=model_a)
-        second = npu_port.set_attention_strategy("sdpa", target=model_b)
-        assert AttentionInterface._global_mapping["npu_port"] is ta.npu_port_attention_forward
-        first.restore()
-        assert ta.registered() and AttentionInterface._global_mapping["npu_port"] is ta.npu_port_attention_forward
-        second.restore()
-        second.restore()  # idempotent: not counted twice
-        assert not ta.registered() and _tables() == before
-        assert AttentionInterface._global_mapping["npu_port"] is mine and "npu_port" not in AttentionMaskInterface()
+        handle.restore()
+        assert _entry() is theirs  # not ours to remove
+        got = _encode(model, ids, mask).last_hidden_state  # ours, reached through theirs, runs the original
+        assert seen == ["CLIPAttention"] * _layers(model) and not handle.calls
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
     finally:
-        AttentionInterface._global_mapping.pop("npu_port", None)
+        transformers.AttentionInterface.register("sdpa", original)
 
 
 @pytest.mark.parametrize("order", [(0, 1), (1, 0)])
-def test_stacked_applications_put_each_config_back_in_any_order(order):
+def test_stacked_applications_route_the_innermost_and_undo_in_any_order(order):
     model = ENCODERS["clip"]()
-    model.set_attn_implementation("eager")
     ids, mask = _inputs()
     handles = [npu_port.set_attention_strategy(s, target=model) for s in ("sdpa", "vanilla")]
     _encode(model, ids, mask)
     assert handles[1].calls and not handles[0].calls  # the innermost application routes
     handles[order[0]].restore()
-    assert model.config._attn_implementation == "npu_port"
-    _encode(model, ids, mask)  # the remaining application still routes
-    assert sum(handles[order[1]].calls.values()) == 2 * model.config.num_hidden_layers - (order[1] == 0) * 2
+    _encode(model, ids, mask)  # the remaining application routes now
+    assert sum(handles[order[1]].calls.values()) == _layers(model) * (2 if order[1] == 1 else 1)
     handles[order[1]].restore()
-    assert model.config._attn_implementation == "eager" and ta.held_configs() == 0 and not ta.registered()
+    assert model.config._attn_implementation == "sdpa" and ta.routed_modules() == 0 and not ta.registered()
 
 
-def test_a_config_changed_since_is_left_as_it_was_set():
-    model = ENCODERS["t5"]()
-    handle = npu_port.set_attention_strategy("sdpa", target=model)
+def test_a_users_eager_is_honoured_with_its_attention_weights_and_reported():
+    model = ENCODERS["clip"]().eval()
     model.set_attn_implementation("eager")
-    handle.restore()
-    assert model.config._attn_implementation == "eager" and handle.applied.left_alone == ["T5Config"]
-    assert ta.held_configs() == 0
+    ids, mask = _inputs()
+    expected = _encode(model, ids, mask, output_attentions=True)
+    with npu_port.attention_strategy("sdpa", target=model) as handle:
+        got = _encode(model, ids, mask, output_attentions=True)
+        assert model.config._attn_implementation == "eager" and not handle.calls
+        assert len(got.attentions) == _layers(model)
+        explanation = handle.explain()
+        state = handle.report()["text_models"][0]
+    assert (
+        "CLIPTextModel, attention implementation eager (not routed: attention implementation 'eager' kept as set "
+        "(npu-port routes 'sdpa'; model.set_attn_implementation('sdpa') routes it))"
+    ) in explanation
+    assert state["routed"] is False and state["now"] == "eager"
+    for a, b in zip(got.attentions, expected.attentions):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(got.last_hidden_state, expected.last_hidden_state, rtol=0, atol=0)
+
+
+def test_set_attn_implementation_while_applied_is_honoured_both_ways():
+    model = ENCODERS["t5"]().eval()
+    ids, mask = _inputs()
+    with npu_port.attention_strategy("sdpa", target=model) as handle:
+        model.set_attn_implementation("eager")
+        _encode(model, ids, mask)
+        assert not handle.calls and model.config._attn_implementation == "eager"
+        model.set_attn_implementation("sdpa")
+        _encode(model, ids, mask)
+        assert handle.calls == {"sdpa": _layers(model)}
+        assert handle.report()["text_models"][0]["routed"] is True
+
+
+@pytest.mark.parametrize("family", list(ENCODERS))
+def test_a_model_built_from_an_applied_models_config_runs_on_transformers_path(family):
+    model = ENCODERS[family]().eval()
+    ids, mask = _inputs()
+    with npu_port.attention_strategy("sdpa", target=model) as handle:
+        twin = type(model)(model.config).eval()
+        twin.load_state_dict(model.state_dict())
+        got = _encode(twin, ids, mask).last_hidden_state
+        assert not handle.calls  # not the model the strategy was applied to
+        routed = _encode(model, ids, mask).last_hidden_state
+        assert handle.calls == {"sdpa": _layers(model)}
+    torch.testing.assert_close(got, routed, rtol=1e-6, atol=1e-6)
+
+
+def test_a_copy_made_while_routed_runs_on_transformers_path():
+    model = ENCODERS["clip"]().eval()
+    ids, mask = _inputs()
+    with npu_port.attention_strategy("sdpa", target=model) as handle:
+        twin = copy.deepcopy(model)
+        got = _encode(twin, ids, mask).last_hidden_state
+        assert not handle.calls
+    torch.testing.assert_close(got, _encode(model, ids, mask).last_hidden_state, rtol=1e-6, atol=1e-6)
+
+
+def _train_step(model, ids, mask, checkpointing):
+    model.zero_grad(set_to_none=True)
+    # transformers 5.x renamed the switches (the old names warn); the newest that this version has
+    if checkpointing and hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
+    model.train()
+    out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    (out.float() ** 2).mean().backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("family", ["clip", "t5"])
+@pytest.mark.parametrize("strategy", ["sdpa", "vanilla", "auto"])
+def test_gradient_checkpointing_routes_the_recompute_with_the_same_gradients(family, strategy):
+    model = ENCODERS[family]().double()
+    for module in model.modules():  # no dropout (T5's attention keeps its rate as a float), so runs compare
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        elif isinstance(getattr(module, "dropout", None), float):
+            module.dropout = 0.0
+    ids, mask = _inputs()
+    expected = _train_step(model, ids, mask, checkpointing=False)
+    with npu_port.attention_strategy(strategy, target=model, cache=False) as handle:
+        plain = _train_step(model, ids, mask, checkpointing=False)
+        routed_plain = sum(handle.calls.values())
+        checkpointed = _train_step(model, ids, mask, checkpointing=True)
+        routed = sum(handle.calls.values()) - routed_plain
+    assert routed_plain == _layers(model) and routed == 2 * _layers(model)  # the forward, then the recompute
+    assert expected.keys() == plain.keys() == checkpointed.keys() and expected
+    for name in expected:
+        torch.testing.assert_close(plain[name], expected[name], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(checkpointed[name], plain[name], rtol=0, atol=0)
 
 
 @pytest.mark.usefixtures("model_cache")
@@ -176,17 +287,18 @@ def test_a_pipelines_text_encoders_are_routed_and_restored_with_the_handle():
     encoders = {"text_encoder": pipe.text_encoder, "text_encoder_2": pipe.text_encoder_2}
     before = {name: model.config._attn_implementation for name, model in encoders.items()}
     processors = dict(pipe.transformer.attn_processors)
-    tables = _tables()
+    original = _entry()
     with npu_port.attention_strategy("sdpa", target=pipe) as handle:
-        assert {m.config._attn_implementation for m in encoders.values()} == {"npu_port"}
+        assert {name: m.config._attn_implementation for name, m in encoders.items()} == before
         pipe.encode_prompt("a cat", prompt_2="a cat", device=torch.device("cpu"))
         by_module = handle.applied.calls_by_module
-        assert by_module["text_encoder"] == pipe.text_encoder.config.num_hidden_layers
-        assert by_module["text_encoder_2"] == pipe.text_encoder_2.config.num_layers
-        assert "text_encoder: CLIPTextModel, sdpa -> npu_port" in handle.explain()
-        assert "text_encoder_2: T5EncoderModel, sdpa -> npu_port" in handle.explain()
+        assert by_module["text_encoder"] == _layers(pipe.text_encoder)
+        assert by_module["text_encoder_2"] == _layers(pipe.text_encoder_2)
+        explanation = handle.explain()
+        assert "text_encoder: CLIPTextModel, attention implementation sdpa (routed)" in explanation
+        assert "text_encoder_2: T5EncoderModel, attention implementation sdpa (routed)" in explanation
     assert {name: model.config._attn_implementation for name, model in encoders.items()} == before
-    assert pipe.transformer.attn_processors == processors and _tables() == tables and ta.held_configs() == 0
+    assert pipe.transformer.attn_processors == processors and _entry() is original and ta.routed_modules() == 0
 
 
 class _NoBias(Kernel):
@@ -229,21 +341,6 @@ def test_a_call_the_strategy_cannot_run_is_the_routers_error_with_the_reasons():
     assert caught.value.codes == ["mask"] and model.config._attn_implementation == "sdpa"
 
 
-def test_a_copy_made_while_routed_says_why_it_cannot_run():
-    model = ENCODERS["clip"]().eval()
-    ids, mask = _inputs()
-    with npu_port.attention_strategy("sdpa", target=model):
-        twin = copy.deepcopy(model)
-        with pytest.raises(ta.NotRoutedError) as caught:
-            _encode(twin, ids, mask)
-    assert str(caught.value) == (
-        "CLIPAttention runs attention implementation 'npu_port' outside a model npu-port routes (a copy of a model "
-        "made while a strategy was applied to it, or a part of it called on its own), so no strategy is there to "
-        "run it; call the model the strategy was applied to, or set another implementation: "
-        "model.set_attn_implementation('sdpa')"
-    )
-
-
 def test_custom_processor_on_a_transformers_model_is_refused():
     model = ENCODERS["t5"]()
 
@@ -258,3 +355,55 @@ def test_custom_processor_on_a_transformers_model_is_refused():
         "attention is an implementation, not a processor: give a kernel strategy (sdpa, npu, ...)"
     )
     assert model.config._attn_implementation == "sdpa" and not ta.registered()
+
+
+class _OwnCodeConfig(transformers.PretrainedConfig):
+    model_type = "npu_port_own_code_test"
+
+
+class _OwnCode(transformers.PreTrainedModel):
+    """A transformers model whose attention is its own code (this module never imports ALL_ATTENTION_FUNCTIONS)."""
+
+    config_class = _OwnCodeConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.proj = torch.nn.Linear(4, 4)
+        self.post_init()
+
+    def forward(self, x):
+        q = self.proj(x)
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+
+def test_a_model_whose_attention_is_its_own_code_is_declined_and_said_so():
+    model = _OwnCode(_OwnCodeConfig())
+    x = torch.randn(1, 1, 3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UpstreamDeclinedWarning)  # not a library's missing piece: no warning
+        with npu_port.attention_strategy("sdpa", target=model) as handle:
+            model(x)
+            assert not handle.calls
+            assert "its attention is its own code, not transformers' AttentionInterface" in handle.explain()
+            assert handle.applied.own_code == ["_OwnCode (_OwnCode)"]
+
+
+def test_a_call_transformers_no_longer_makes_through_sdpa_is_counted_as_declined(monkeypatch):
+    model = ENCODERS["clip"]().eval()
+    ids, mask = _inputs()
+
+    def eager_only(module, query, key, value, attention_mask, scaling=None, **kwargs):  # an sdpa without SDPA
+        scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        return torch.matmul(scores.softmax(-1), value).transpose(1, 2).contiguous(), None
+
+    original = _entry()
+    transformers.AttentionInterface.register("sdpa", eager_only)
+    try:
+        with npu_port.attention_strategy("sdpa", target=model) as handle:
+            _encode(model, ids, mask)
+            assert not handle.calls
+            assert handle.applied.declined == {ta.NO_SDPA_CALL: _layers(model)}
+    finally:
+        transformers.AttentionInterface.register("sdpa", original)

@@ -200,6 +200,8 @@ class AppliedAttention:
         self._finalizers: List[weakref.finalize] = []
         #: a pipeline's transformers components, routed through transformers' AttentionInterface (restored with this)
         self.text: Any = None
+        #: integrations that did not take effect because a library lacks a piece (:class:`npu_port.upstream.Decline`)
+        self.declines: List[Any] = []
 
     @property
     def target(self) -> Any:
@@ -254,6 +256,14 @@ class AppliedAttention:
     @property
     def restored(self) -> bool:
         return self.routing.restored
+
+    def text_states(self) -> List[Any]:
+        """The pipeline's transformers models as they are now (empty for a model)."""
+        return self.text.states() if self.text is not None else []
+
+    def upstream_declines(self) -> List[Any]:
+        """What did not take effect because a library lacks a piece, text encoders included."""
+        return list(self.declines) + (list(self.text.declines) if self.text is not None else [])
 
     def counts(self) -> Dict[str, int]:
         """Number of attention modules per action when applied (every action listed, zeros included)."""
@@ -325,6 +335,7 @@ class AppliedAttention:
             lines.append(f"  left to diffusers: {number} x {reason}")
         if self.text is not None:
             lines += [f"  {line}" for line in self.text.describe().splitlines()]
+        lines += [f"  not routed: {decline}" for decline in self.declines]
         if self.left_alone:
             changed_count = len(self.left_alone)
             lines.append(

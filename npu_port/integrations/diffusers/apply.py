@@ -205,7 +205,9 @@ def apply_to_target(
 
     _check_arguments(attention_fn, processor_factory)
     api = classes.load()
-    text = text_models(components(target, api)) if processor_factory is None and is_pipeline(target, api) else []
+    text: List[Tuple[str, Any]] = []
+    if processor_factory is None and is_pipeline(target, api):
+        text = text_models(components(target, api))
     found, legacy = find_attention(target, api, others=bool(text))
     if processor_factory is not None and not found:
         kinds = ", ".join(sorted({type(module).__name__ for _, module in legacy}))

@@ -38,8 +38,8 @@ from .stand_ins import ROUTED_FUNCTIONAL, SDPA, routed_dispatch, routed_scaled_d
 
 _NEVER_PATCHED = ("npu_port", "torch", "diffusers.models.attention_dispatch")
 #: The keys of this module's patches in :mod:`npu_port._patching`: module globals, and processor classes' methods.
-GLOBAL_KEY = "diffusers.global"
-CLASS_KEY = "diffusers.processor"
+GLOBAL_KEY = "diffusers:global"
+CLASS_KEY = "diffusers:processor"
 
 _lock = _patching.LOCK
 

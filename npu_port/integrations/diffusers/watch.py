@@ -32,7 +32,7 @@ from ... import _patching
 Watcher = Callable[[nn.Module], None]
 
 #: The key of the ``set_processor`` patches (one per class, counted by the modules watched through it).
-KEY = "diffusers.watch"
+KEY = "diffusers:watch"
 
 
 class _Watched:
