@@ -57,7 +57,7 @@ PIECES = (
         "logging",
         LOGGING,
         where=("transformers:logging", "transformers.utils.logging"),
-        check=lambda logging: None if callable(getattr(logging, "disable_progress_bar", None)) else "no progress switch",
+        check=lambda log: None if callable(getattr(log, "disable_progress_bar", None)) else "no progress switch",
         public=True,
         since="4.20",
     ),

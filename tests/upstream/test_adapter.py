@@ -93,12 +93,16 @@ def test_a_library_that_fails_to_import_says_so(fakelib, monkeypatch):
         raise OSError("libhccl.so: cannot open shared object file")
 
     monkeypatch.setattr(adapter, "module", broken)
-    assert adapter.why_missing("Thing") == "importing fakelib fails: OSError: libhccl.so: cannot open shared object file"
+    assert (
+        adapter.why_missing("Thing") == "importing fakelib fails: OSError: libhccl.so: cannot open shared object file"
+    )
 
 
 def test_a_decline_names_the_library_version_and_piece_and_warns_once_per_process(fakelib, monkeypatch):
     adapter = _adapter(
-        monkeypatch, Piece("Thing", "frob", where=("fakelib.sub:Thing",)), Piece("Gone", "frob", where=("fakelib:Gone",))
+        monkeypatch,
+        Piece("Thing", "frob", where=("fakelib.sub:Thing",)),
+        Piece("Gone", "frob", where=("fakelib:Gone",)),
     )
     assert adapter.decline("frob", "Thing") is None
     with warnings.catch_warnings(record=True) as caught:

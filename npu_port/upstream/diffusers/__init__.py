@@ -22,6 +22,4 @@ from . import attention, dispatch, ops, parallel, pipelines
 
 LIBRARY = "diffusers"
 
-ADAPTER = Adapter(
-    LIBRARY, attention.PIECES + dispatch.PIECES + parallel.PIECES + ops.PIECES + pipelines.PIECES
-)
+ADAPTER = Adapter(LIBRARY, attention.PIECES + dispatch.PIECES + parallel.PIECES + ops.PIECES + pipelines.PIECES)
