@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 #: What the CI lanes last ran: versions, outcome and date per lane (written by ``.ci/lanes/record.py``, read by
 #: ``npu-port doctor`` and by the README's compatibility table). Shipped inside the package.
@@ -67,7 +67,7 @@ POLICY: Tuple[Supported, ...] = (
         "4.25.1",
         "the text encoders of the diffusers 0.11-0.14 era: their projects pin transformers 4.25-4.30",
         extras=("diffusers",),
-        features={"text encoders routed (AttentionInterface)": "4.50.0"},
+        features={"text encoders routed (transformers AttentionInterface)": "4.50.0"},
     ),
     Supported(
         "huggingface_hub",
@@ -96,3 +96,28 @@ def tested() -> Optional[Dict[str, Any]]:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("lanes"), list) else None
+
+
+class TestedLane(NamedTuple):
+    """One CI lane's run as the record keeps it: which lane, the package's version there, whether it passed, when."""
+
+    lane: str
+    version: str
+    passed: bool
+    date: str
+
+
+def tested_versions(package: str, record: Optional[Dict[str, Any]] = None) -> List[TestedLane]:
+    """The versions of ``package`` the CI lanes last ran, per lane (empty without a record, or where a lane did not
+    have it installed)."""
+    record = tested() if record is None else record
+    found = []
+    for lane in (record or {}).get("lanes", []):
+        if not isinstance(lane, dict):
+            continue
+        version = (lane.get("versions") or {}).get(package)
+        if isinstance(version, str):
+            found.append(
+                TestedLane(str(lane.get("lane", "?")), version, lane.get("passed") is True, str(lane.get("date", "")))
+            )
+    return found

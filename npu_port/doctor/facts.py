@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Mapping, Optional
 from .._optional import installed_version
 from .cann import CannInstall, locate_cann
 from .finding import Finding, check_id
-from .probes import ImportOutcome, import_in_subprocess
+from .probes import ImportOutcome, ProbeOutcome, import_in_subprocess, probe_in_subprocess
 
 AUTOLOAD_VARIABLE = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 #: What torch prints when an auto-loaded device backend (here torch_npu) fails during ``import torch``.
@@ -65,6 +65,11 @@ class Facts:
     @property
     def torch_npu_broken(self) -> bool:
         return self.torch_npu_import is not None and not self.torch_npu_import.ok
+
+    @cached_property
+    def integration_probe(self) -> ProbeOutcome:
+        """Each integration applied to a tiny model in a child process (:mod:`.integration_probe`)."""
+        return probe_in_subprocess(self.environ)
 
     @cached_property
     def cann(self) -> CannInstall:

@@ -87,6 +87,48 @@ def import_in_subprocess(
     return ImportOutcome(module, completed.returncode, completed.stdout, timeout_s)
 
 
+#: The integration probe imports torch, transformers and diffusers and runs two tiny models: a minute at most.
+PROBE_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    """What ``python -m npu_port.doctor.integration_probe`` printed (its JSON), or why there is none."""
+
+    data: Optional[dict]
+    error: str = ""
+
+
+def probe_in_subprocess(
+    environ: Optional[Mapping[str, str]] = None, timeout_s: float = PROBE_TIMEOUT_S
+) -> ProbeOutcome:
+    """Run the integration probe in a fresh interpreter: a library that crashes on import cannot take us down."""
+    import json
+
+    env = dict(os.environ if environ is None else environ)
+    try:
+        completed = subprocess.run(
+            [sys.executable, "-m", "npu_port.doctor.integration_probe"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return ProbeOutcome(None, f"the integration probe did not finish within {timeout_s:g} s")
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
+    if completed.returncode != 0 or not lines:
+        outcome = ImportOutcome("npu_port.doctor.integration_probe", completed.returncode, completed.stderr)
+        return ProbeOutcome(None, outcome.cause or f"the integration probe exited with code {completed.returncode}")
+    try:
+        return ProbeOutcome(json.loads(lines[-1]))
+    except ValueError as exc:
+        return ProbeOutcome(None, f"the integration probe printed no readable result ({exc})")
+
+
 def major_minor(version: Optional[str]) -> Optional[str]:
     """``"2.13.0+cpu"`` -> ``"2.13"``, ``"2.13.0.post1"`` -> ``"2.13"``; None when there is no such prefix."""
     release = release_tuple(version or "")

@@ -19,6 +19,7 @@ from . import (
     checks_extensions,
     checks_python,
     checks_settings,
+    checks_versions,
 )
 from .facts import Check, Facts
 from .finding import VERDICTS, Finding, check_id, exit_code
@@ -46,6 +47,7 @@ CHECK_GROUPS: Tuple[Tuple[str, Tuple[Check, ...]], ...] = (
         ),
     ),
     ("diffusers", (checks_diffusers.check_diffusers,)),
+    ("Versions and integrations", (checks_versions.check_versions, checks_versions.check_integrations)),
     ("Ascend extensions", (checks_extensions.check_mindiesd, checks_extensions.check_flash_attn_npu)),
     ("Recommended Ascend settings", (checks_settings.check_npu_settings,)),
 )

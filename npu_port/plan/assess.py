@@ -95,6 +95,7 @@ class Plan:
     model: Optional[str] = None
     dtype: Optional[str] = None
     unreadable: Dict[str, int] = field(default_factory=dict)
+    declines: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
     def calls(self) -> int:
@@ -138,6 +139,7 @@ class Plan:
             "summary": self.summary(),
             "signatures": [s.to_dict() for s in self.signatures],
             "unreadable": dict(self.unreadable),
+            "declines": [dict(d) for d in self.declines],
         }
 
 
@@ -201,4 +203,5 @@ def assess(
         model=model,
         dtype=dtype,
         unreadable=dict(recording.unreadable),
+        declines=list(recording.declines),
     )

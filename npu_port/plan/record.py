@@ -42,6 +42,7 @@ from ..strategy.cast import stand_in_call
 from ..strategy.registry import resolve
 from ..strategy.router import StrategyRouter
 from ..strategy.spec import Strategy
+from ..upstream import declines
 from .signature import Signature
 
 #: The strategy the recording computes with, on this machine: sdpa, and the reference for what sdpa refuses.
@@ -83,6 +84,8 @@ class Recording:
         self.strategy = strategy
         self.result: Any = None
         self.unreadable: Counter = Counter()
+        #: integrations that declined in this process (a library lacks a piece): their calls ran on its own path
+        self.declines: List[Dict[str, Any]] = []
         self._entries: Dict[Signature, Recorded] = {}
         self._lock = threading.Lock()
 
@@ -284,8 +287,14 @@ def record_calls(run: Callable[[], Any], target_model: Any = None, strategy: Any
             recording.result = run()
         finally:
             _patching.release(patch)
+            text_models = handle.report().get("text_models", []) if target_model is not None else []
     finally:
         for hook in hooks:
             hook.remove()
         handle.restore()
+        recording.declines = [decline.as_dict() for decline in declines()]
+    for model in text_models:  # a model npu-port leaves on its library's own attention (eager, its own code)
+        if not model["routed"]:
+            name = model["name"] or model["model"]
+            recording.declines.append({"message": f"{name} ({model['model']}): {model['reason']}", "model": name})
     return recording

@@ -143,6 +143,8 @@ def format_plan(plan: Plan, verbose: bool = False) -> str:
         ]
     for message, count in plan.unreadable.items():
         lines.append(f"not recorded: {count} SDPA call(s) npu-port cannot read ({message})")
+    for decline in plan.declines:
+        lines.append(f"not routed: {decline['message']}")
     if plan.unrunnable:
         lines.append(
             f"{plan.unrunnable} call(s) would fail on {plan.target.describe()} with strategy {plan.strategy}: no "

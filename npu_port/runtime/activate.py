@@ -59,6 +59,7 @@ class Activation:
         from ..dropins.finder import registered
         from ..dropins.flash_attn_npu import ROUTES
         from ..integrations.legacy_attention import hooked_routes
+        from ..upstream import declines
         from .handled import by_rule
 
         served = {name: list(r.served) for name, r in registered().items() if r.served}
@@ -92,6 +93,7 @@ class Activation:
             "safe_math": self.safe_math,
             "npu_options": self.npu_options.as_dict() if self.npu_options is not None else None,
             "by_rule": by_rule(self._hits()),
+            "declines": [decline.as_dict() for decline in declines()],
         }
 
     def _hits(self) -> List[Tuple[str, Any]]:
@@ -147,6 +149,7 @@ class Activation:
             mode = "dry run" if data["npu_options"]["dry_run"] else "applied"
             lines.append(f"  Ascend options ({mode}): {len(data['npu_options']['actions'])} settings")
         lines += format_by_rule(data["by_rule"])
+        lines += [f"  not routed: {decline['message']}" for decline in data["declines"]]
         return "\n".join(lines)
 
     def deactivate(self) -> None:

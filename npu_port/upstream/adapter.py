@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 import threading
 import warnings
@@ -84,7 +85,7 @@ class Decline:
         detail = f" ({self.detail})" if self.detail else ""
         return (
             f"{self.feature}: {self.library} {self.version} has no {', '.join(self.missing)}{detail}; "
-            f"left on {self.library}'s own path"
+            f"left to {self.library}"
         )
 
     def as_dict(self) -> Dict[str, Any]:
@@ -121,15 +122,27 @@ def forget_declines() -> None:
         _LOG.seen.clear()
 
 
-def record_decline(decline: Decline, *, warn: bool = True, stacklevel: int = 3) -> Decline:
-    """Keep ``decline`` for :func:`declines` and, the first time this process sees it, warn."""
+def record_decline(decline: Decline, *, warn: bool = True) -> Decline:
+    """Keep ``decline`` for :func:`declines` and, the first time this process sees it, warn — attributed to the
+    first caller outside npu-port (the user's ``set_attention_strategy`` or ``enable_*`` line)."""
     with _LOG.lock:
         first = decline.key not in _LOG.seen
         if first:
             _LOG.seen[decline.key] = decline
     if first and warn:
-        warnings.warn(str(decline), UpstreamDeclinedWarning, stacklevel=stacklevel)
+        warnings.warn(str(decline), UpstreamDeclinedWarning, stacklevel=_first_frame_outside_npu_port())
     return decline
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _first_frame_outside_npu_port() -> int:
+    """The ``stacklevel`` of the first frame whose code is not npu-port's (counted from the ``warnings.warn`` call)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class Adapter:
@@ -255,7 +268,7 @@ class Adapter:
         missing = self.missing(*names)
         if not missing:
             return None
-        return record_decline(self.declined(feature, missing), warn=warn, stacklevel=4)
+        return record_decline(self.declined(feature, missing), warn=warn)
 
     def declined(self, feature: str, missing: Iterable[str], detail: str = "") -> Decline:
         """The :class:`Decline` of ``feature`` for ``missing`` pieces (not recorded: see :func:`record_decline`)."""

@@ -492,7 +492,14 @@ def test_doctor_on_this_machine():
     lines = text.stdout.splitlines()
     assert lines[0].startswith(f"npu-port {npu_port.__version__} doctor:")
     assert lines[0].endswith(f"exit code {text.returncode}")
-    for section in ("Python and torch", "Ascend: torch_npu and CANN", "Devices", "Attention", "diffusers"):
+    for section in (
+        "Python and torch",
+        "Ascend: torch_npu and CANN",
+        "Devices",
+        "Attention",
+        "diffusers",
+        "Versions and integrations",
+    ):
         assert section in lines
     assert any(line.startswith("  [ok]    torch ") for line in lines)
 
@@ -506,6 +513,8 @@ def test_doctor_on_this_machine():
         assert set(finding) == {"check", "title", "status", "summary", "code", "fix", "details", "group"}
 
     findings = {finding["check"]: finding for finding in report["findings"]}
+    for library in ("transformers", "diffusers"):  # each integration applied to a tiny model, here: it routes
+        assert findings[f"integration-{library}"]["status"] == "ok", findings[f"integration-{library}"]
     no_torch_npu = findings.get("torch-npu", {}).get("status") == "info"
     if no_torch_npu and findings["device-selected"]["details"]["device"] == "cpu":
         problems = [finding for finding in report["findings"] if finding["status"] in ("warn", "error")]

@@ -110,8 +110,9 @@ def test_a_decline_names_the_library_version_and_piece_and_warns_once_per_proces
         first = adapter.decline("frob", "Thing", "Gone")
         second = adapter.decline("frob", "Thing", "Gone")
     assert first == second == Decline("fakelib", "1.2.3", "frob", ("Gone",), "Gone: looked in fakelib:Gone")
-    assert str(first) == "frob: fakelib 1.2.3 has no Gone (Gone: looked in fakelib:Gone); left on fakelib's own path"
+    assert str(first) == "frob: fakelib 1.2.3 has no Gone (Gone: looked in fakelib:Gone); left to fakelib"
     assert [(w.category, str(w.message)) for w in caught] == [(UpstreamDeclinedWarning, str(first))]
+    assert caught[0].filename == __file__  # attributed to the caller outside npu-port
     assert declines() == [first]
     assert first.as_dict() == {
         "library": "fakelib",
