@@ -60,6 +60,7 @@ RUNS = {
     "FusedAttnProcessor2_0": ("tiny-dit",),
     "XFormersAttnProcessor": ("tiny-dit",),
     "AttnProcessorNPU": ("tiny-dit",),
+    upstream.STEPS: ("tiny", "tiny-dit"),
     "dispatch_attention_fn": ("tiny-flux",),
     "deprecate": ("tiny-dit",),
     "DiffusionPipeline": ("tiny", "tiny-dit"),
@@ -262,3 +263,28 @@ def test_a_custom_processor_asked_for_where_the_attention_classes_are_gone_is_re
     with pytest.raises(UpstreamMissingError, match=f"^{upstream.MODULES} needs Attention"):
         npu_port.set_attention_strategy(processor, target=unet)
     assert all(unet.attn_processors[name] is processor for name, processor in before.items())
+
+
+@pytest.mark.diffusers_min("0.15")
+def test_a_module_without_something_the_processor_steps_read_keeps_its_processor_and_computes_the_same():
+    """An attention module that lacks an attribute npu-port's processor reads (a release that renamed it) is not
+    stood in on: its own processor runs, routed where its code calls SDPA — never an AttributeError in a forward."""
+    from ..fixtures.old_diffusers import run_pipeline, tiny_pipeline
+
+    pipe = tiny_pipeline()
+    with npu_port.attention_strategy("sdpa", target=pipe) as handle:
+        expected = run_pipeline(pipe)
+        assert handle.applied.counts()["replaced"] == len(handle.applied.modules)
+    selves = [
+        m
+        for m in pipe.unet.modules()
+        if isinstance(m, upstream.attention_module_classes()) and not m.is_cross_attention
+    ]
+    for module in selves:
+        del module.norm_cross  # read by npu-port's steps; diffusers' reads it for cross-attention only
+    with npu_port.attention_strategy("sdpa", target=pipe) as handle:
+        got = run_pipeline(pipe)
+        states = handle.applied.states()
+    assert sum(s.state == "routed" for s in states) == len(selves) > 0
+    for tensor, reference in zip(got, expected):
+        assert torch.equal(tensor, reference)

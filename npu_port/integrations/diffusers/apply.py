@@ -54,7 +54,10 @@ ATTENTION_FN_SIGNATURE = (
 
 
 def _standard_processors(api: classes.DiffusersClasses) -> Dict[type, Tuple[type, bool]]:
-    """Standard processor class -> (the class our processor stands in for, whether it uses fused projections)."""
+    """Standard processor class -> (the class our processor stands in for, whether it uses fused projections); empty
+    when our processor's steps cannot run on this diffusers' attention class (declined: :data:`upstream.STANDARD`)."""
+    if not upstream.can_stand_in():
+        return {}
     table: Dict[type, Tuple[type, bool]] = {
         standard: (standard, False) for standard in (api.AttnProcessor2_0, api.AttnProcessor) if standard is not None
     }
@@ -116,6 +119,8 @@ def _install_routing(
                 spec = standard.get(type(original))
             # else: AttnProcessor on a module with its own get_attention_scores (attention maps): kept, so that
             # its code runs (the scores routing declines it, and explain() says so)
+            if spec is not None and upstream.missing_steps(module):  # something our steps read is not there: kept
+                spec = None
         route = Route(attention_fn, name, applied.tally)
         if spec is not None:
             processor = RoutedAttnProcessor(attention_fn, spec[0], spec[1], module_name=name, tally=applied.tally)

@@ -122,7 +122,7 @@ def _standard_call(original: Callable[..., Any], stands_in_for: type) -> Callabl
     @functools.wraps(original)
     def __call__(self: Any, attn: Any, *args: Any, **kwargs: Any) -> Any:
         route = current_route()
-        if route is None:
+        if route is None or upstream.missing_steps(attn):  # not routed here, or not a module our steps can read
             return original(self, attn, *args, **kwargs)
         return stand_in.run(route, attn, *args, **kwargs)
 

@@ -139,6 +139,33 @@ def _dispatch_signature(function: Any) -> Optional[str]:
     return None
 
 
+#: Per layout: what npu-port's processor reads of an attention module — it repeats the standard processors' steps
+#: (:mod:`npu_port.integrations.diffusers.processor`), so a module must have all of these to be stood in on. The
+#: methods are checked on the attention class (the piece ``processor steps``), all of them on each module.
+STEPS = "processor steps"
+STEP_METHODS = {
+    ATTENTION_PROCESSOR: ("prepare_attention_mask", "norm_encoder_hidden_states"),
+    CROSS_ATTENTION: ("prepare_attention_mask", "get_attention_scores"),
+}
+STEP_ATTRIBUTES = {
+    ATTENTION_PROCESSOR: ("heads", "scale", "to_q", "to_k", "to_v", "to_out", "norm_cross", "group_norm"),
+    CROSS_ATTENTION: ("heads", "scale", "to_q", "to_k", "to_v", "to_out"),
+}
+
+
+def _processor_steps(adapter: Any) -> Tuple[str, ...]:
+    """The attention class's methods that npu-port's processor calls, found on it (none to check without the class:
+    then nothing is stood in for anyway)."""
+    attention = adapter.get("Attention")
+    if attention is None:
+        return ()
+    names = STEP_METHODS[layout()]
+    missing = [name for name in names if not callable(getattr(attention, name, None))]
+    if missing:
+        raise LookupError(f"{attention.__name__} has no {', '.join(missing)} (npu-port's processor calls it)")
+    return names
+
+
 #: name -> (the first release with it, the first release without it): outside that range its absence is by design
 #: (see the module docstring). Read from diffusers' sources of each release.
 ERAS: Dict[str, Tuple[str, Optional[str]]] = {
@@ -148,6 +175,7 @@ ERAS: Dict[str, Tuple[str, Optional[str]]] = {
     "AttnProcessor2_0": ("0.13", None),
     "FusedAttnProcessor2_0": ("0.25", None),
     "XFormersAttnProcessor": ("0.12", None),
+    STEPS: ("0.12", None),
     "AttnProcessorNPU": ("0.28", None),
     "dispatch_attention_fn": ("0.35", None),
     "deprecate": ("0.3", None),
@@ -198,6 +226,7 @@ PIECES = (
         public=True,
     ),
     _piece("AttnProcessorNPU", STANDARD, f"{_PROCESSORS}:AttnProcessorNPU", check=_is_class, public=True),
+    Piece(STEPS, STANDARD, derive=_processor_steps, since=ERAS[STEPS][0]),
     _piece(
         "dispatch_attention_fn",
         DISPATCH,
@@ -239,6 +268,7 @@ ROUTING = {
         "FusedAttnProcessor2_0",
         "XFormersAttnProcessor",
         "AttnProcessorNPU",
+        STEPS,
     ),
     DISPATCH: ("dispatch_attention_fn",),
     SCALE: ("deprecate",),
@@ -316,6 +346,18 @@ def require(feature: str, *names: str) -> None:
 
 
 # ---- what the installed diffusers has ----------------------------------------------------------------------------
+
+
+def can_stand_in() -> bool:
+    """Whether npu-port's processor can stand in for the standard ones: the attention class has the methods its
+    steps call (the piece :data:`STEPS`; declined as :data:`STANDARD` when not)."""
+    return _adapter().has(STEPS)
+
+
+def missing_steps(module: Any) -> List[str]:
+    """What npu-port's processor reads that this attention module lacks (empty: it can be stood in on)."""
+    names = STEP_ATTRIBUTES.get(layout(), ()) + STEP_METHODS.get(layout(), ())
+    return [name for name in names if not hasattr(module, name)]
 
 
 def get(name: str) -> Any:
