@@ -226,9 +226,11 @@ def is_video_pipeline(cls: Optional[type]) -> bool:
 
 
 def packs_latents(cls: Optional[type]) -> bool:
-    """Flux-style pipelines pack 2x2 latent patches into one token (their ``_pack_latents``), so sides must be
-    multiples of twice the VAE's factor."""
-    return cls is not None and callable(getattr(cls, "_pack_latents", None))
+    """Flux-style pipelines pack 2x2 latent patches into one token, so sides must be multiples of twice the VAE's
+    factor (told by the diffusers adapter: :func:`npu_port.upstream.diffusers.pipelines.packs_latents`)."""
+    from ..upstream.diffusers.pipelines import packs_latents as packs
+
+    return packs(cls)
 
 
 #: Stable Diffusion's ``encode_prompt`` arguments, which ``--text-encoder-device`` calls positionally.

@@ -16,31 +16,28 @@ dtype, as the original returns it. :mod:`npu_port.integrations.legacy_attention`
 counted and undone like the legacy routes); only classes whose ``forward`` is diffusers' own are routed — a
 subclass that overrides ``forward`` computes something we have not read.
 
-Nothing here imports diffusers: ``AttentionBlock`` is looked up in an already imported
-``diffusers.models.attention`` (no instance can exist otherwise), and newer diffusers simply have none.
+Nothing here imports diffusers: ``AttentionBlock`` is asked of the diffusers adapter only once diffusers was imported
+(no instance can exist otherwise), and newer diffusers simply have none.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-import sys
 from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 
+from ..upstream.diffusers import attention as upstream
 from .legacy_scope import attention_for
 
-#: Where diffusers up to 0.16 defines ``AttentionBlock``.
-MODULE = "diffusers.models.attention"
 NAME = "AttentionBlock"
 
 
 def attention_block_class() -> Optional[type]:
     """diffusers' ``AttentionBlock`` when diffusers is imported and has one (up to 0.16), else None."""
-    cls = getattr(sys.modules.get(MODULE), NAME, None)
-    return cls if isinstance(cls, type) else None
+    return upstream.attention_block_class()
 
 
 def _original(fn: Any) -> Any:
@@ -53,7 +50,7 @@ def is_attention_block_class(cls: Any) -> bool:
     if base is None or not isinstance(cls, type) or not issubclass(cls, base):
         return False
     own = _original(vars(base).get("forward"))
-    if getattr(own, "__module__", None) != MODULE or getattr(own, "__qualname__", None) != f"{NAME}.forward":
+    if getattr(own, "__module__", None) != base.__module__ or getattr(own, "__qualname__", None) != f"{NAME}.forward":
         return False  # someone else's forward on the class itself: not the computation we reproduce
     return _original(inspect.getattr_static(cls, "forward")) is own
 

@@ -173,25 +173,18 @@ def _format_flash_attn_routes(routes: Dict[str, Any]) -> List[str]:
     return lines
 
 
-def diffusers_legacy_classes(diffusers: ModuleType) -> List[type]:
+def diffusers_legacy_classes() -> List[type]:
     """diffusers' own attention classes of the pre-processor era, routed like a project's: 0.11's ``CrossAttention``
-    (the legacy ``_attention`` contract) and ``AttentionBlock`` (<= 0.16, inline attention in ``forward``). Newer
-    versions have neither, and are not made to import their attention modules for nothing."""
-    version = str(getattr(diffusers, "__version__", "0"))
-    try:
-        major, minor = (int(part) for part in version.split(".")[:2])
-    except ValueError:
-        major, minor = 0, 0
-    if (major, minor) >= (0, 17):
-        return []
-    from ..integrations.diffusers import classes
+    (the legacy ``_attention`` contract) and ``AttentionBlock`` (<= 0.16, inline attention in ``forward``), as the
+    diffusers adapter finds them. Newer versions have neither, and are not made to import their attention modules
+    for nothing; a version that should have one and does not declines (one warning, listed by ``run --report``)."""
+    from ..upstream.diffusers.attention import legacy_classes
 
     try:
-        found = classes.load()
+        return legacy_classes()
     except ImportError as exc:  # a diffusers that cannot import its models: the project will say so itself
-        logger.warning("npu-port: diffusers %s's attention classes not routed (%s)", version, exc)
+        logger.warning("npu-port: diffusers' attention classes not routed (%s)", exc)
         return []
-    return [cls for cls in (found.LegacyCrossAttention, found.AttentionBlock) if cls is not None]
 
 
 def activate(
@@ -275,7 +268,7 @@ def activate(
 
         def hook_diffusers() -> None:  # importing diffusers ourselves would cost seconds and import xformers
             undo.append(hook_enable_xformers())
-            for cls in diffusers_legacy_classes(sys.modules["diffusers"]):
+            for cls in diffusers_legacy_classes():
                 route_class(cls)
 
         def on_import(module: ModuleType) -> None:

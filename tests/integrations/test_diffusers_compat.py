@@ -128,7 +128,6 @@ def _broken_load(monkeypatch, version, error):
     def detect():
         raise error
 
-    monkeypatch.setattr(classes, "_loaded", None)
     monkeypatch.setattr(classes, "_detect", detect)
     monkeypatch.setattr(classes, "installed_version", lambda *names: version)
     with pytest.raises(ImportError) as info:

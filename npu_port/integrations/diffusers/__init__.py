@@ -3,7 +3,8 @@ SDPA-compatible attention function (an npu-port kernel or the strategy router), 
 
 The strategy API calls :func:`apply_to_target`; everything else here is how it works:
 
-* :mod:`.classes` — the diffusers names we rely on, imported lazily in one place;
+* :mod:`.classes` — the diffusers classes we rely on, as the diffusers adapter (:mod:`npu_port.upstream.diffusers`)
+  finds them in the installed version; what it cannot find declines (the modules stay on diffusers' path, reported);
 * :mod:`.targets` — what a target is and which attention modules it holds;
 * :mod:`.processor` — the processor that replaces diffusers' standard ones (their steps, our attention core);
 * :mod:`.routing` — the per-module route (a context variable set by forward hooks) and call counting;

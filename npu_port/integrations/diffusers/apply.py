@@ -24,6 +24,12 @@ all replaced runs with no hook and no patch. With a ``processor_factory`` (the `
 module gets a fresh processor from it instead and nothing is routed.
 
 All or nothing: if anything fails half-way, everything done so far is undone before the error propagates.
+
+What diffusers' adapter cannot find declines (:mod:`npu_port.upstream.diffusers.attention`): a pipeline whose class
+it cannot find is left as it is; attention modules of a class it cannot find, processors of a standard kind it cannot
+find, processors that call a dispatcher it cannot find stay on diffusers' path. Each is warned about once and listed
+in ``explain()`` / ``report()["declines"]``; nothing raises for it — except an explicit ``custom-processor`` request
+that finds no module to install on because of it, which is refused before any change.
 """
 
 from __future__ import annotations
@@ -32,13 +38,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from torch import nn
 
+from ...upstream.diffusers import attention as upstream
 from . import classes
 from .applied import AppliedAttention, Routing
 from .patches import PatchLease
 from .processor import RoutedAttnProcessor
 from .routing import AttentionFn, Route, install_route_hooks
 from .scores import diffusers_scores
-from .targets import LEGACY_ONLY, components, describe_type, find_attention, is_pipeline
+from .targets import LEGACY_ONLY, components, describe_type, find_attention, is_pipeline, unrecognised_pipeline
 from .watch import watch
 
 ATTENTION_FN_SIGNATURE = (
@@ -47,7 +54,10 @@ ATTENTION_FN_SIGNATURE = (
 
 
 def _standard_processors(api: classes.DiffusersClasses) -> Dict[type, Tuple[type, bool]]:
-    """Standard processor class -> (the class our processor stands in for, whether it uses fused projections)."""
+    """Standard processor class -> (the class our processor stands in for, whether it uses fused projections); empty
+    when our processor's steps cannot run on this diffusers' attention class (declined: :data:`upstream.STANDARD`)."""
+    if not upstream.can_stand_in():
+        return {}
     table: Dict[type, Tuple[type, bool]] = {
         standard: (standard, False) for standard in (api.AttnProcessor2_0, api.AttnProcessor) if standard is not None
     }
@@ -102,13 +112,15 @@ def _install_routing(
     for name, module in found:
         original = getattr(module, "processor", None)
         spec: Optional[Tuple[type, bool]] = None
-        if isinstance(module, api.Attention):
+        if api.Attention is not None and isinstance(module, api.Attention):
             if type(original) is RoutedAttnProcessor:  # applied twice: stand in for the same thing again
                 spec = (original.stands_in_for, original.fused)
             elif type(original) is not api.AttnProcessor or diffusers_scores(module):
                 spec = standard.get(type(original))
             # else: AttnProcessor on a module with its own get_attention_scores (attention maps): kept, so that
             # its code runs (the scores routing declines it, and explain() says so)
+            if spec is not None and upstream.missing_steps(module):  # something our steps read is not there: kept
+                spec = None
         route = Route(attention_fn, name, applied.tally)
         if spec is not None:
             processor = RoutedAttnProcessor(attention_fn, spec[0], spec[1], module_name=name, tally=applied.tally)
@@ -160,6 +172,9 @@ def _route_processor(
         routing.drop_hooks(name)
         return "replaced", ""
     lease = _lease(routing, api)
+    if processor is not None and lease.dispatch_declined(type(processor)):  # diffusers' own dispatcher runs it
+        routing.drop_hooks(name)
+        return lease.explain(type(processor))
     if processor is not None:
         lease.cover_processor(type(processor))
     if name not in routing.hooks:
@@ -177,6 +192,19 @@ def _follow(routing: Routing, api: classes.DiffusersClasses, name: str, route: R
             _route_processor(routing, api, name, route, module)
 
     return on_new_processor
+
+
+def _declined_pipeline(target: Any, custom: bool) -> AppliedAttention:
+    """A pipeline that is not a ``DiffusionPipeline`` as found: the class moved (declined, the pipeline left as it
+    is), or it is something else (the usual error). A custom processor asked for explicitly is refused."""
+    if custom:
+        upstream.require(upstream.PIPELINES, "DiffusionPipeline")
+    declined = upstream.decline(upstream.PIPELINES, "DiffusionPipeline")
+    if declined is None:  # DiffusionPipeline is there, and this is not one: what a target may be
+        components(target, classes.load())
+    applied = AppliedAttention(target)
+    applied.declines.append(declined)
+    return applied
 
 
 def apply_to_target(
@@ -205,14 +233,22 @@ def apply_to_target(
 
     _check_arguments(attention_fn, processor_factory)
     api = classes.load()
+    if unrecognised_pipeline(target, api):
+        return _declined_pipeline(target, custom=processor_factory is not None)
     text: List[Tuple[str, Any]] = []
     if processor_factory is None and is_pipeline(target, api):
         text = text_models(components(target, api))
-    found, legacy = find_attention(target, api, others=bool(text))
+    found, legacy = find_attention(target, api, others=bool(text), declined=bool(upstream.missing(upstream.MODULES)))
     if processor_factory is not None and not found:
-        kinds = ", ".join(sorted({type(module).__name__ for _, module in legacy}))
-        raise ValueError(LEGACY_ONLY.format(name=type(target).__name__, classes=kinds))
+        if legacy:
+            kinds = ", ".join(sorted({type(module).__name__ for _, module in legacy}))
+            raise ValueError(LEGACY_ONLY.format(name=type(target).__name__, classes=kinds))
+        upstream.require(upstream.MODULES)  # attention modules there, of a class the adapter cannot find: refused
     applied = AppliedAttention(target)
+    if processor_factory is None:
+        applied.declines.extend(upstream.routing_declines())
+    else:
+        applied.declines.extend(d for d in (upstream.decline(upstream.MODULES),) if d is not None)
     try:
         if processor_factory is not None:
             _install_custom(applied, found, processor_factory)

@@ -9,8 +9,8 @@ models, and code outside diffusers, see no change at all.
 
 Patches are shared: each (module, global) is patched once however many applications need it, counted, and put back
 when the last :class:`PatchLease` holding it is released — and only if the global is still our stand-in (if
-someone replaced it since, theirs stays). ``diffusers.models.attention_dispatch`` (the backends themselves) and
-npu-port's own modules are never patched: the kernels call the real SDPA.
+someone replaced it since, theirs stays). The module of diffusers' dispatcher (the backends themselves) and npu-port's
+own modules are never patched: the kernels call the real SDPA.
 
 Processors that reach no such global get their class's ``__call__`` routed in place, by the same counted, reversible
 patches (:class:`PatchLease.cover_processor`): the ones that compute attention through ``get_attention_scores`` and
@@ -31,12 +31,13 @@ import torch
 import torch.nn.functional as real_functional
 
 from ... import _patching
+from ...upstream.diffusers import attention as upstream
 from ..code_names import names_used_by, names_used_by_class
 from .routing import current_route
 from .scores import rewrite_call
 from .stand_ins import ROUTED_FUNCTIONAL, SDPA, routed_dispatch, routed_scaled_dot_product_attention
 
-_NEVER_PATCHED = ("npu_port", "torch", "diffusers.models.attention_dispatch")
+_NEVER_PATCHED = ("npu_port", "torch")
 #: The keys of this module's patches in :mod:`npu_port._patching`: module globals, and processor classes' methods.
 GLOBAL_KEY = "diffusers:global"
 CLASS_KEY = "diffusers:processor"
@@ -45,7 +46,9 @@ _lock = _patching.LOCK
 
 
 def _patchable(module_name: str) -> bool:
-    return not any(module_name == p or module_name.startswith(p + ".") for p in _NEVER_PATCHED)
+    if any(module_name == p or module_name.startswith(p + ".") for p in _NEVER_PATCHED):
+        return False
+    return not upstream.is_dispatch_module(module_name)
 
 
 # ---- the shared, counted patches ---------------------------------------------------------------------------------
@@ -78,6 +81,20 @@ def active_patches() -> List[Tuple[str, str]]:
 
 #: What ``explain`` says of a linear-attention processor.
 LINEAR_ATTENTION = "linear attention (not softmax attention): nothing to route"
+#: What ``explain`` says of a processor that calls diffusers' dispatcher when the adapter could not find it.
+DISPATCH_DECLINED = (
+    f"calls {upstream.DISPATCH_NAME}, which npu-port could not find in this diffusers (declined): diffusers' own "
+    "dispatcher runs, not routed"
+)
+
+
+def calls_dispatcher(cls: type) -> bool:
+    """Whether a processor class's code (its own or a base's) calls diffusers' dispatcher by its name."""
+    return any(
+        upstream.DISPATCH_NAME in names_used_by_class(klass)
+        for klass in inspect.getmro(cls)
+        if klass not in (object, torch.nn.Module)
+    )
 
 
 def _call_owner(cls: type) -> Optional[Tuple[type, str]]:
@@ -105,7 +122,7 @@ def _standard_call(original: Callable[..., Any], stands_in_for: type) -> Callabl
     @functools.wraps(original)
     def __call__(self: Any, attn: Any, *args: Any, **kwargs: Any) -> Any:
         route = current_route()
-        if route is None:
+        if route is None or upstream.missing_steps(attn):  # not routed here, or not a module our steps can read
             return original(self, attn, *args, **kwargs)
         return stand_in.run(route, attn, *args, **kwargs)
 
@@ -117,7 +134,7 @@ def is_linear_attention(cls: type) -> bool:
     """diffusers' linear-attention processors (Sana's ``*LinearAttnProcessor*``, the DC-AE's multiscale one): ReLU
     feature maps and matmuls, no softmax — not SDPA's computation, so no kernel of ours may stand in for it."""
     return any(
-        klass.__module__.startswith("diffusers.")
+        upstream.is_diffusers_class(klass)
         and ("LinearAttnProcessor" in klass.__name__ or klass.__name__.startswith("SanaMultiscaleAttnProcessor"))
         for klass in inspect.getmro(cls)
     )
@@ -187,16 +204,22 @@ class PatchLease:
                     self._held[(name, global_name)] = patch
 
     def cover_loaded_diffusers(self) -> None:
-        """Patch every loaded ``diffusers.*`` module that calls SDPA or the dispatcher."""
-        for name, module in list(sys.modules.items()):
-            if name.startswith("diffusers.") and isinstance(module, types.ModuleType):
-                self.cover(module)
+        """Patch every loaded diffusers module that calls SDPA or the dispatcher."""
+        for module in upstream.loaded_modules():
+            self.cover(module)
+
+    def dispatch_declined(self, cls: type) -> bool:
+        """Whether a processor of class ``cls`` calls diffusers' dispatcher and the adapter could not find it (the
+        dispatcher declined): it stays on diffusers' own path — no patch, no route hooks on its modules."""
+        return self._dispatch_original is None and calls_dispatcher(cls)
 
     def cover_processor(self, cls: type) -> None:
         """Route what a processor of class ``cls`` computes: the globals its modules' code calls SDPA or the
         dispatcher through, and — when those are not how it reaches attention — its ``__call__`` in place."""
         if self._released:
             raise RuntimeError("this patch lease was released")
+        if self.dispatch_declined(cls):
+            return
         for name in sorted({k.__module__ for k in inspect.getmro(cls) if k not in (object, torch.nn.Module)}):
             self.cover(sys.modules.get(name))
         with _lock:
@@ -234,6 +257,8 @@ class PatchLease:
                 return "routed", self._classes[found].note or "routed in place"
         if is_linear_attention(cls):
             return "linear", LINEAR_ATTENTION
+        if self.dispatch_declined(cls):
+            return "kept", DISPATCH_DECLINED
         if self.routes(cls):
             return "routed", "its F.scaled_dot_product_attention / dispatch_attention_fn call is routed"
         return "kept", _unroutable(cls, self._unroutable.get(cls, ""))

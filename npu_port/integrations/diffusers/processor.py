@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import classes
+from ...upstream.diffusers import attention as upstream
 from .cross_attention_steps import cross_attention_call
 from .routing import AttentionFn, Route, Tally
 
@@ -67,11 +67,10 @@ class RoutedAttnProcessor:
     ) -> None:
         if not callable(attention_fn):
             raise TypeError(f"attention_fn must be callable, got {type(attention_fn).__name__}")
-        api = classes.load()
-        self.stands_in_for = stands_in_for if stands_in_for is not None else api.default_processor
+        self.stands_in_for = stands_in_for if stands_in_for is not None else upstream.default_processor()
         self.fused = bool(fused)
         self.route = Route(attention_fn, module_name, tally)
-        self._cross_attention_steps = api.layout == "cross_attention"  # diffusers 0.12-0.14
+        self._cross_attention_steps = upstream.layout() == upstream.CROSS_ATTENTION  # diffusers 0.12-0.14
 
     @property
     def attention_fn(self) -> AttentionFn:
@@ -148,10 +147,13 @@ class RoutedAttnProcessor:
             steps = (attn, hidden_states, encoder_hidden_states, attention_mask, *args)
             return cross_attention_call(route, self.stands_in_for, *steps, **kwargs)
 
-        # 1. the deprecated `scale` argument is accepted and ignored, with diffusers' warning
+        # 1. the deprecated `scale` argument is accepted and ignored, with diffusers' warning; without diffusers'
+        #    `deprecate` (declined when applied: upstream.SCALE) the call is diffusers' own processor's
         if len(args) > 0 or kwargs.get("scale", None) is not None:
-            from diffusers.utils import deprecate
-
+            deprecate = upstream.deprecate_function()
+            if deprecate is None:
+                original = self.stands_in_for()
+                return original(attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kwargs)
             deprecate("scale", "1.0.0", _SCALE_DEPRECATION)
 
         # 2-3. residual before the spatial norm

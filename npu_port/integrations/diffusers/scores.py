@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ...upstream.diffusers import attention as upstream
 from ..folded import UNFIT, attend
 from .routing import current_route
 
@@ -52,9 +53,7 @@ _REWRITES: Dict[Any, Tuple[Optional[types.FunctionType], str]] = {}
 def diffusers_scores(attn: Any) -> bool:
     """Whether ``attn``'s ``get_attention_scores`` — as the processor would call it, so an override set on the
     instance counts — is diffusers' own (so the routed call computes what it would)."""
-    method = getattr(attn, SCORES, None)
-    function = getattr(method, "__func__", method)
-    return getattr(function, "__module__", None) is not None and function.__module__.startswith("diffusers.")
+    return upstream.is_diffusers_function(getattr(attn, SCORES, None))
 
 
 def _routed_attention(route: Any) -> Callable[..., Tensor]:

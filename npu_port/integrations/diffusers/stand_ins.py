@@ -66,8 +66,23 @@ def _dispatch_arguments(
     *,
     backend=None,
     parallel_config=None,
+    **unknown,
 ):
-    return query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, attention_kwargs, parallel_config
+    """A dispatcher call's arguments, read as the diffusers adapter checked its signature to take them
+    (``npu_port.upstream.diffusers.attention.DISPATCH_PARAMETERS``); ``unknown``: keywords newer than npu-port."""
+    return (
+        query,
+        key,
+        value,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        attention_kwargs,
+        parallel_config,
+        unknown,
+    )
 
 
 def dispatcher_mask(mask: Optional[torch.Tensor], query: torch.Tensor, key: torch.Tensor) -> Optional[torch.Tensor]:
@@ -93,9 +108,15 @@ def routed_dispatch(original: Callable[..., torch.Tensor]) -> Callable[..., torc
         route = current_route()
         if route is None:
             return original(*args, **kwargs)
-        query, key, value, mask, dropout_p, is_causal, scale, gqa, extra, parallel = _dispatch_arguments(
-            *args, **kwargs
-        )
+        try:
+            query, key, value, mask, dropout_p, is_causal, scale, gqa, extra, parallel, unknown = _dispatch_arguments(
+                *args, **kwargs
+            )
+        except TypeError:  # more positional arguments than npu-port knows: a newer dispatcher
+            unknown = {"(positional)": None}
+        if unknown:  # an argument of a newer dispatcher: let diffusers run the call as it was made
+            route.decline(f"dispatch_attention_fn argument(s) {', '.join(sorted(unknown))} not known to npu-port")
+            return original(*args, **kwargs)
         if parallel is not None:
             route.decline("dispatch_attention_fn with parallel_config (context parallelism) runs diffusers' backend")
             return original(*args, **kwargs)

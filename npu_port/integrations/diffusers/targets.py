@@ -17,6 +17,7 @@ from typing import Any, List, Set, Tuple
 
 from torch import nn
 
+from ...upstream.diffusers import attention as upstream
 from .classes import DiffusersClasses
 
 ACCEPTED = (
@@ -50,6 +51,23 @@ def is_pipeline(target: Any, api: DiffusersClasses) -> bool:
     return api.DiffusionPipeline is not None and isinstance(target, api.DiffusionPipeline)
 
 
+def unrecognised_pipeline(target: Any, api: DiffusersClasses) -> bool:
+    """A diffusers pipeline that is not a ``DiffusionPipeline`` as found (the class could not be found: declined)."""
+    return not is_pipeline(target, api) and not isinstance(target, nn.Module) and upstream.looks_like_pipeline(target)
+
+
+def unrecognised_attention(target: Any, api: DiffusersClasses) -> List[str]:
+    """Names of the modules in ``target`` that take diffusers processors but are none of the attention classes found
+    (a class the adapter could not find: declined, left on diffusers' path)."""
+    kinds = api.attention_module_classes
+    return [
+        ".".join(part for part in (prefix, name) if part)
+        for prefix, component in components(target, api)
+        for name, module in component.named_modules()
+        if not (kinds and isinstance(module, kinds)) and upstream.looks_like_attention_module(module)
+    ]
+
+
 def components(target: Any, api: DiffusersClasses) -> List[Tuple[str, nn.Module]]:
     """``(prefix, module)`` pairs to search: the target itself, or a pipeline's module components by name."""
     if is_pipeline(target, api):
@@ -77,7 +95,7 @@ def attention_modules(target: Any, api: DiffusersClasses) -> List[Tuple[str, nn.
 
 
 def find_attention(
-    target: Any, api: DiffusersClasses, others: bool = False
+    target: Any, api: DiffusersClasses, others: bool = False, declined: bool = False
 ) -> Tuple[List[Tuple[str, nn.Module]], List[Tuple[str, nn.Module]]]:
     """``(diffusers attention modules, legacy attention modules)`` of ``target``, each as ``(qualified name,
     module)``; legacy ones are those :func:`npu_port.integrations.legacy_attention.find_legacy_attention` finds (a
@@ -85,12 +103,15 @@ def find_attention(
     ``AttentionBlock`` up to 0.16).
 
     Raises :class:`TypeError` for a target that is not a module or pipeline, and :class:`ValueError` when it holds
-    neither kind, unless ``others`` (a pipeline whose text encoders have attention to route).
+    neither kind, unless ``others`` (a pipeline whose text encoders have attention to route) or, when the attention
+    classes ``declined`` (the adapter could not find one), it holds modules of a class it could not recognise
+    (:func:`unrecognised_attention`: left on diffusers' path, and the decline says why).
     """
     from ..legacy_attention.contract import find_legacy_attention
 
     found = attention_modules(target, api)
     legacy = find_legacy_attention(target)
-    if not found and not legacy and not others:
+    unrecognised = declined and not found and not legacy and bool(unrecognised_attention(target, api))
+    if not found and not legacy and not others and not unrecognised:
         raise ValueError(no_attention_message(target))
     return found, legacy

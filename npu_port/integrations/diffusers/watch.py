@@ -28,6 +28,7 @@ from typing import Callable, Dict, List
 from torch import nn
 
 from ... import _patching
+from ...upstream.diffusers.attention import SET_PROCESSOR
 
 Watcher = Callable[[nn.Module], None]
 
@@ -53,9 +54,9 @@ _WATCHED: Dict[int, _Watched] = {}
 
 def _defining_class(module: nn.Module) -> type:
     for klass in type(module).__mro__:
-        if "set_processor" in vars(klass):
+        if SET_PROCESSOR in vars(klass):
             return klass
-    raise TypeError(f"{type(module).__name__} has no set_processor method; it is not a diffusers attention module")
+    raise TypeError(f"{type(module).__name__} has no {SET_PROCESSOR} method; it is not a diffusers attention module")
 
 
 def _watching(original: Callable[..., object]) -> Callable[..., object]:
@@ -74,10 +75,10 @@ def _watching(original: Callable[..., object]) -> Callable[..., object]:
 
 def _class_patch(klass: type) -> _patching.Patch:
     """Hold the wrap of ``klass.set_processor`` (made on first use; joined, even if someone wrapped it since)."""
-    patch = _patching.find(klass, "set_processor", KEY)
+    patch = _patching.find(klass, SET_PROCESSOR, KEY)
     if patch is not None:
         return _patching.hold(patch)
-    return _patching.replace(klass, "set_processor", _watching(vars(klass)["set_processor"]), key=KEY)
+    return _patching.replace(klass, SET_PROCESSOR, _watching(vars(klass)[SET_PROCESSOR]), key=KEY)
 
 
 def _drop(key: int, entry: _Watched) -> None:

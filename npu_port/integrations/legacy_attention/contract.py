@@ -14,6 +14,7 @@ from typing import Any, Iterator, List, Optional, Set, Tuple
 
 from torch import nn
 
+from ...upstream.diffusers import attention as upstream
 from ..attention_block import is_attention_block_class
 from ..code_names import code_names
 
@@ -23,8 +24,9 @@ SLICED = ("_sliced_attention", ("query", "key", "value", "sequence_length", "dim
 SCORES = ("get_attention_scores", ("query", "key", "attention_mask"))
 #: The per-module setter that old code calls to switch xformers on (and that raises without CUDA).
 XFORMERS_SETTER = "set_use_memory_efficient_attention_xformers"
-#: Where a setter is library code, not a repo-local copy (diffusers' own setters are handled by the xformers hook).
-LIBRARY_PREFIXES = ("diffusers", "torch", "npu_port")
+#: Where a setter is library code, not a repo-local copy (diffusers' own setters, told by the diffusers adapter, are
+#: handled by the xformers hook).
+LIBRARY_PREFIXES = ("torch", "npu_port")
 
 ORIGINAL = "__npu_port_original__"  # set on every function npu-port installs: the function it stands in for
 
@@ -72,7 +74,8 @@ def repo_xformers_setter(cls: type) -> Optional[type]:
     that check for CUDA and xformers, and raise here), or None when there is none or it is library code."""
     for klass in inspect.getmro(cls):
         if XFORMERS_SETTER in vars(klass):
-            return None if klass.__module__.split(".")[0] in LIBRARY_PREFIXES else klass
+            library = klass.__module__.split(".")[0] in LIBRARY_PREFIXES or upstream.is_diffusers_class(klass)
+            return None if library else klass
     return None
 
 

@@ -85,7 +85,9 @@ class FrameTransformerBlock(nn.Module):
 
     def __init__(self, dim: int, heads: int, dim_head: int, text_dim: int) -> None:
         super().__init__()
-        from diffusers.models.attention_processor import Attention
+        from ...upstream.diffusers.attention import attention_class
+
+        Attention = attention_class()  # noqa: N806 - diffusers' class, as the adapter finds it in this version
 
         self.attn1 = FullyFrameAttention(dim, heads, dim_head)
         self.attn2 = Attention(dim, cross_attention_dim=text_dim, heads=heads, dim_head=dim_head)

@@ -55,20 +55,24 @@ class XformersRoute:
 
 
 def _diffusers_classes() -> List[type]:
-    """diffusers' ``ModelMixin`` and ``DiffusionPipeline``; none when diffusers cannot be imported (nothing to hook)."""
-    try:
-        from diffusers import DiffusionPipeline, ModelMixin
-    except Exception as exc:  # missing, or broken by an optional dependency (torch_npu without CANN)
-        logger.debug("npu-port: diffusers not importable (%s); its xformers switches are not hooked", exc)
-        return []
-    return [ModelMixin, DiffusionPipeline]
+    """diffusers' ``ModelMixin`` and ``DiffusionPipeline``, as the diffusers adapter finds them (one it cannot find
+    declines, and keeps diffusers' own switches); none when diffusers cannot be imported (nothing to hook)."""
+    from ...upstream.diffusers.attention import xformers_switch_classes
+
+    found = xformers_switch_classes()
+    if not found:
+        logger.debug("npu-port: no diffusers class to hook the xformers switches of")
+    return found
 
 
 def _has_diffusers_attention(target: Any) -> bool:
     from ..diffusers import classes
     from ..diffusers.targets import attention_modules
 
-    return bool(attention_modules(target, classes.load()))
+    try:
+        return bool(attention_modules(target, classes.load()))
+    except TypeError:  # a pipeline whose class the adapter could not find (declined): not a target
+        return False
 
 
 def _active_strategy() -> Any:

@@ -30,3 +30,15 @@ def logging_module() -> Any:
     if ADAPTER.decline(LOGGING, "logging") is not None:
         return None
     return ADAPTER.get("logging")
+
+
+#: The method with which Flux-style pipelines pack 2x2 latent patches into one token (a private method: read, never
+#: called).
+PACK_LATENTS = "_pack_latents"
+
+
+def packs_latents(cls: Any) -> bool:
+    """Whether a pipeline class packs 2x2 latent patches into one token (Flux-style: it has ``_pack_latents``), so
+    that sizes must be multiples of twice the VAE's factor. A release that renames the method makes this False:
+    sizes are then checked with the VAE's factor alone, and diffusers itself rounds what does not fit."""
+    return cls is not None and callable(getattr(cls, PACK_LATENTS, None))
