@@ -27,19 +27,11 @@ _MODULE_STRING = re.compile(rf"^(?:{'|'.join(LIBRARIES)})\.[a-z_]")
 EXCEPTIONS: Dict[str, str] = {
     # issue 25: these move behind npu_port.upstream.diffusers (attention: .attention; the rest: .dispatch / .parallel /
     # .ops); each entry goes when its file is done
-    "npu_port/fuse/adaln.py": "to npu_port.upstream.diffusers.ops",
-    "npu_port/fuse/geglu.py": "to npu_port.upstream.diffusers.ops",
-    "npu_port/fuse/norms.py": "to npu_port.upstream.diffusers.ops",
-    "npu_port/fuse/rope.py": "to npu_port.upstream.diffusers.ops",
     "npu_port/integrations/attention_block.py": "to npu_port.upstream.diffusers.attention",
     "npu_port/integrations/diffusers/classes.py": "to npu_port.upstream.diffusers.attention",
     "npu_port/integrations/diffusers/patches.py": "to npu_port.upstream.diffusers.attention",
     "npu_port/integrations/diffusers/processor.py": "to npu_port.upstream.diffusers.attention",
     "npu_port/integrations/legacy_attention/tiny.py": "to npu_port.upstream.diffusers.attention",
-    "npu_port/parallel/backend.py": "to npu_port.upstream.diffusers.dispatch",
-    "npu_port/parallel/cfg.py": "to npu_port.upstream.diffusers.parallel",
-    "npu_port/parallel/session.py": "to npu_port.upstream.diffusers.parallel",
-    "npu_port/strategy/process.py": "to npu_port.upstream.diffusers.dispatch",
 }
 
 
