@@ -210,7 +210,7 @@ def make_hook(mode: str, group: Any, rank: int) -> Any:
     whose ``StateManager`` changed) is declined by the adapter, and the calls are told apart by their order."""
     from ..upstream.diffusers import parallel as upstream
 
-    contexts, read_context = upstream.context_states()
+    contexts, read_context, declined = upstream.context_states()
 
     class CFGParallelHook(upstream.model_hook()):
         _is_stateful = True  # diffusers resets it with the pipeline's other stateful hooks
@@ -219,6 +219,7 @@ def make_hook(mode: str, group: Any, rank: int) -> Any:
             super().__init__()
             self.split = GuidanceSplitHook(mode, group, rank)
             self.contexts = contexts  # diffusers sets each call's context on the StateManager attributes of a hook
+            self.declined = declined  # why the calls are told apart by order (npu_port.upstream.Decline), or None
 
         def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             context = read_context(self.contexts) if self.contexts is not None else None

@@ -127,7 +127,7 @@ def models_with_plans(candidates: Optional[Iterable[Any]] = None) -> List[str]:
 
 
 def planned_models_text() -> str:
-    """ "models with one: ..." for an error about a model without a plan."""
+    """The part of an error about a model without a plan that names the models with one."""
     names = models_with_plans()
     return f"models with one: {', '.join(names)}" if names else "diffusers' list of models is not readable here"
 

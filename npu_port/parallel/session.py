@@ -111,6 +111,8 @@ class ParallelSession:
                     hook = make_hook(mode, self.mesh.get_group("cfg"), self.cfg_rank)
                     _register_hook(denoiser, hook, HOOK_NAME, handle)
                     handle.cfgs.append(hook.split)
+                    if hook.declined is not None and hook.declined not in handle.declines:
+                        handle.declines.append(hook.declined)
         except BaseException:
             handle.restore()
             raise
@@ -148,6 +150,8 @@ class ParallelHandle:
         self._undo: List[Callable[[], None]] = []
         self._tracked: dict = {}  # id(module) -> (module, had a hook registry, had an instance forward)
         self.cfgs: List[Any] = []  # each denoiser's CFG split (its exchange count), when CFG parallelism is on
+        #: what diffusers lacked and was done without (npu_port.upstream.Decline): CFG's calls told apart by order
+        self.declines: List[Any] = []
 
     @property
     def cfg(self) -> Any:

@@ -209,7 +209,7 @@ def test_without_cache_contexts_cfg_parallelism_declines_to_call_order(tiny, flu
         hook, first, second = _two_calls_under_cache_contexts(monkeypatch, model, named=name != "StateManager")
     message = one_decline(caught, ADAPTER, name)
     assert message.startswith(f"{upstream.CACHE_CONTEXT}: diffusers {ADAPTER.version()} has no ")
-    assert hook.contexts is None and hook.split.exchanges == 1
+    assert hook.contexts is None and str(hook.declined) == message and hook.split.exchanges == 1
     assert torch.equal(first, expected) and torch.equal(second, expected)  # cond ran here; uncond came "from rank 1"
     _untouched(tiny)
 

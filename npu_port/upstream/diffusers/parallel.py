@@ -15,9 +15,9 @@ tells them apart by their order, as it does for pipelines that name no context.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..adapter import Adapter, Piece
+from ..adapter import Adapter, Decline, Piece
 from . import dispatch
 
 #: Hooks on the denoiser: CFG parallelism's split and the checks before a context-parallel split.
@@ -225,20 +225,21 @@ def hook_registry_attribute() -> str:
     return "_diffusers_hook"
 
 
-def context_states() -> Any:
-    """``(StateManager, reader)``: a ``StateManager`` for a stateful hook (diffusers sets the cache context of each
-    call on it) and the function that reads that context; ``(None, None)`` when diffusers lacks a piece (declined,
-    warned about once: the calls are then told apart by their order)."""
+def context_states() -> Tuple[Any, Any, Optional[Decline]]:
+    """``(StateManager, reader, None)``: a ``StateManager`` for a stateful hook (diffusers sets the cache context of
+    each call on it) and the function that reads that context; ``(None, None, decline)`` when diffusers lacks a piece
+    (declined, warned about once: the calls are then told apart by their order)."""
     adapter = _adapter()
-    if adapter.decline(CACHE_CONTEXT, *CACHE_CONTEXT_PIECES) is not None:
-        return None, None
+    decline = adapter.decline(CACHE_CONTEXT, *CACHE_CONTEXT_PIECES)
+    if decline is not None:
+        return None, None, decline
     base = adapter.get("BaseState")
 
     class _Nothing(base):
         def reset(self, *args: Any, **kwargs: Any) -> None:
             pass
 
-    return adapter.get("StateManager")(_Nothing), adapter.get("cache context")
+    return adapter.get("StateManager")(_Nothing), adapter.get("cache context"), None
 
 
 # ---- context parallelism ----------------------------------------------------------------------------------------
