@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import enum
 import inspect
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -150,11 +149,6 @@ def usable_backend(value: str) -> Any:
     member = adapter.get("AttentionBackendName")(value)
     adapter.get("_check_attention_backend_requirements")(member)
     return member
-
-
-def dispatcher_imported() -> bool:
-    """Whether diffusers' dispatcher module is imported (for tests and doctor; never imports it)."""
-    return DISPATCH_MODULE in sys.modules
 
 
 # ---- npu-port's backend ---------------------------------------------------------------------------------------
