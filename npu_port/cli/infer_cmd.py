@@ -191,8 +191,11 @@ def _layout(args: argparse.Namespace):
         if value:
             raise InferenceError(f"{flag} runs in one process; leave it out with --nproc {args.nproc}")
     from ..parallel import ParallelLayout
+    from ..parallel.layout import require
 
-    return ParallelLayout.for_processes(args.nproc, args.ulysses, args.ring, args.cfg_parallel)
+    layout = ParallelLayout.for_processes(args.nproc, args.ulysses, args.ring, args.cfg_parallel)
+    require(layout, args.ulysses_anything)  # the installed diffusers can split this way: said before any work
+    return layout
 
 
 def _image_files(

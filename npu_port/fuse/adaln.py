@@ -22,13 +22,13 @@ diffusers release that changes these forwards is caught rather than trusted. Wan
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from ..reasons import Reason
+from ..upstream.diffusers import ops
 from .backend import device_reason, dtype_reason
 from .check import FusedCall, Site
 from .plan import Context, ModuleSite, OpPlan, Refusal, overrides_nothing
@@ -96,8 +96,9 @@ def _continuous_site(where: str, module: nn.Module, mindiesd: Any) -> ModuleSite
 def plan(ctx: Context) -> OpPlan:
     """Every diffusers AdaLayerNormZero / ZeroSingle / Continuous (whose forward is diffusers' own) in the target."""
     result = OpPlan(OP)
-    normalization = sys.modules.get("diffusers.models.normalization")
-    classes = {name: getattr(normalization, name, None) for name in CLASSES}
+    pieces, declined = ops.find(ops.ADALN, ctx.modules, strict=ctx.strict)
+    result.decline(declined)  # the adaptive norms keep diffusers' own forward
+    classes = {name: pieces.get(name) for name in CLASSES}
     found = []
     for name, module in ctx.modules:
         for cls_name, cls in classes.items():
@@ -105,7 +106,8 @@ def plan(ctx: Context) -> OpPlan:
                 found.append((name or type(module).__name__, module, cls_name))
                 break
     if not found:
-        result.notes.append("adaln: no AdaLayerNormZero / ZeroSingle / Continuous in this model")
+        if declined is None:
+            result.notes.append("adaln: no AdaLayerNormZero / ZeroSingle / Continuous in this model")
         return result
     if ctx.mindiesd is None:
         return result.refuse_op(ctx.mindiesd_reason)

@@ -14,6 +14,11 @@ What happens, in order, so that a bad request changes nothing:
    ``explain()``) and a :class:`~npu_port.fuse.check.FuseWarning` says it once — so a strategy with ``fuse_ops`` can be
    applied on a CPU for planning and still run; ``strict=True`` raises :class:`FuseError` instead, before anything is
    patched. A module an op cannot take (an RMSNorm without weight, LTX's RoPE) keeps its forward and is listed too.
+   An op whose diffusers classes or functions the installed diffusers lacks (a release that moved them) *declines*
+   (:mod:`npu_port.upstream.diffusers.ops`): those layers keep diffusers' own forward, one
+   :class:`~npu_port.upstream.UpstreamDeclinedWarning` names the version and the piece, and the handle lists it
+   (``handle.declines``, ``explain()``, ``report()["declines"]``); ``strict=True`` raises
+   :class:`~npu_port.upstream.UpstreamMissingError` instead, before anything is patched.
 5. Everything is installed (all or nothing) through :mod:`npu_port._patching`; each site is checked on its first call
    (:mod:`.check`); ``strict=True`` makes a failed check raise :class:`~npu_port.errors.FuseCheckError`.
 
@@ -90,6 +95,8 @@ class FuseHandle:
         self.strict = strict
         self.sites: List[Site] = []
         self.notes: List[str] = []
+        #: diffusers pieces missing for an op (npu_port.upstream.Decline): those layers keep diffusers' own forward
+        self.declines: List[Any] = []
         self._refusals: List[Refusal] = []
         self._held: List[_patching.Patch] = []
         self.restored = False
@@ -114,6 +121,7 @@ class FuseHandle:
         lines = [f"fused ops ({', '.join(self.ops)}): {fused} sites fused, {len(self.refused)} refused"]
         lines += [f"  {site.describe()}" for site in self.sites]
         lines += [f"  refused: {refusal}" for refusal in self.refused]
+        lines += [f"  not fused: {decline}" for decline in self.declines]
         lines += [f"  note: {note}" for note in self.notes]
         if self.restored:
             lines.append("  restored")
@@ -130,6 +138,7 @@ class FuseHandle:
             "sites": [site.report() for site in self.sites],
             "refused": [refusal.as_dict() for refusal in self.refused],
             "notes": list(self.notes),
+            "declines": [decline.as_dict() for decline in self.declines],
             "restored": self.restored,
         }
 
@@ -218,6 +227,7 @@ def fuse_ops(model: Any, ops: Sequence[str], *, strict: bool = False) -> FuseHan
         raise FuseError(f"fuse_ops refused (strict=True; nothing was changed):\n{lines}")
     handle = FuseHandle(requested, strict)
     handle.notes = [note for plan in plans for note in plan.notes]
+    handle.declines = list({id(d): d for plan in plans for d in plan.declines}.values())
     handle._refusals = [r for plan in plans for r in plan.refusals]
     try:
         handle._install(plans)

@@ -20,13 +20,13 @@ for: putting diffusers' forward back would switch the GELU silently (on an NPU m
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..upstream.diffusers import ops
 from .backend import device_reason, dtype_reason
 from .check import FusedCall, Site
 from .plan import Context, ModuleSite, OpPlan, overrides_nothing
@@ -72,18 +72,24 @@ def _site(op: str, name: str, module: nn.Module, torch_npu: Any) -> ModuleSite:
 def plan(ctx: Context, op: str) -> OpPlan:
     """Every diffusers ``GEGLU`` (whose forward is diffusers' own) in the target."""
     result = OpPlan(op)
-    activations = sys.modules.get("diffusers.models.activations")
-    geglu = getattr(activations, "GEGLU", None)
+    pieces, declined = ops.find(ops.GEGLU, ctx.modules, strict=ctx.strict)
+    result.decline(declined)  # GEGLU keeps diffusers' own forward
+    geglu = pieces.get("GEGLU")
     found = [(name or type(m).__name__, m) for name, m in ctx.modules if overrides_nothing(m, geglu)]
     if not found:
-        result.notes.append(f"{op}: no diffusers GEGLU in this model")
+        if declined is None:
+            result.notes.append(f"{op}: no diffusers GEGLU in this model")
         return result
     if op == "geglu_tanh":
         if ctx.torch_npu is None:
             return result.refuse_op(ctx.torch_npu_reason)
         result.notes.append(TANH_NOTE)
     else:
-        npu_branch = getattr(activations, "is_torch_npu_available", None)
+        _, declined = ops.find(ops.GEGLU_EXACT, ctx.modules, strict=ctx.strict)
+        if declined is not None:  # which GELU diffusers' GEGLU computes here is unknown: it is left as it is
+            result.decline(declined)
+            return result
+        npu_branch = ops.current("GEGLU npu switch")  # read now: diffusers reads its module global at each call
         if not (callable(npu_branch) and npu_branch()):
             result.notes.append(
                 "geglu_exact: diffusers' GEGLU already computes exact GELU here (its torch_npu branch is off: "

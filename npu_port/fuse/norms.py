@@ -19,13 +19,13 @@ A call outside these limits (a CPU tensor, float64, a 1-D or 9-D input) runs the
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from ..reasons import Reason
+from ..upstream.diffusers import ops
 from .backend import device_reason, dtype_reason
 from .check import FusedCall, Site
 from .plan import Context, ModuleSite, OpPlan, Refusal, overrides_nothing
@@ -80,8 +80,9 @@ def _torch_site(name: str, module: nn.RMSNorm, torch_npu: Any) -> ModuleSite:
 def plan(ctx: Context) -> OpPlan:
     """Every diffusers ``RMSNorm`` and ``torch.nn.RMSNorm`` (whose forward is the library's own) in the target."""
     result = OpPlan(OP)
-    normalization = sys.modules.get("diffusers.models.normalization")  # no diffusers model without it
-    diffusers_rms = getattr(normalization, "RMSNorm", None)
+    pieces, declined = ops.find(ops.RMS_NORM, ctx.modules, strict=ctx.strict)  # no diffusers layer, no lookup
+    result.decline(declined)  # diffusers' RMSNorm layers keep their forward; torch's are still fused
+    diffusers_rms = pieces.get("RMSNorm")
     torch_rms = getattr(nn, "RMSNorm", None)  # torch >= 2.4
     found = []
     for name, module in ctx.modules:

@@ -74,6 +74,12 @@ class OpPlan:
     sites: List[Any] = field(default_factory=list)  # ModuleSite | FunctionSite
     refusals: List[Refusal] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    #: diffusers pieces this op could not find (npu_port.upstream.Decline): those layers keep diffusers' own forward.
+    declines: List[Any] = field(default_factory=list)
+
+    def decline(self, decline: Any) -> None:
+        if decline is not None and decline not in self.declines:
+            self.declines.append(decline)
 
     def refuse_op(self, reason: Reason) -> "OpPlan":
         self.refusals.append(Refusal(self.op, "", reason, scope="op"))

@@ -48,14 +48,13 @@ from torch import nn
 
 from .. import _patching
 from ..reasons import Reason
+from ..upstream.diffusers import ops
 from .backend import device_reason, dtype_reason
 from .check import KEY_PREFIX, FusedCall, Site
 from .plan import Context, FunctionSite, ModuleSite, OpPlan, Refusal, overrides_nothing
 
 OP = "rope"
-EMBEDDINGS = "diffusers.models.embeddings"
 SHARED_NAME = "apply_rotary_emb"
-WAN = "diffusers.models.transformers.transformer_wan"
 #: diffusers' use_real_unbind_dim -> the npu_rotary_mul mode that pairs channels the same way.
 MODES = {-1: "interleave", -2: "half"}
 #: Processors read in diffusers 0.42.1 that call the shared function, with the mode their calls ask for.
@@ -68,7 +67,7 @@ SHARED_CALLERS = {
 }
 #: RoPE forms known not to fit npu_rotary_mul, by the module that defines them.
 NOT_FUSABLE = {
-    "diffusers.models.transformers.transformer_ltx": (
+    ops.LTX: (
         "LTX's RoPE rotates (batch, seq, heads*head_dim) with cos/sin of that same shape: npu_rotary_mul takes 4-D "
         "input, and interleave mode only 1S1D cos/sin (one table per position, shared by batch and heads)"
     ),
@@ -243,11 +242,14 @@ def _own_closure(code: types.CodeType) -> bool:
 def plan(ctx: Context) -> OpPlan:
     """Every RoPE of the target's attention processors: diffusers' shared function, Wan's, or a refusal."""
     result = OpPlan(OP)
-    embeddings = sys.modules.get(EMBEDDINGS)
-    live = _live_shared(embeddings) if embeddings is not None else None
+    found, declined = ops.find(ops.ROPE, ctx.modules, strict=ctx.strict)
+    result.decline(declined)  # processors calling the shared function keep diffusers' own RoPE
+    embeddings = ops.owner(SHARED_NAME) if found else None
+    live = _live_shared(embeddings) if embeddings is not None else None  # read now: another handle may have patched it
     shared = live.original if live is not None else getattr(embeddings, SHARED_NAME, None)
-    wan = sys.modules.get(WAN)
-    wan_attention, wan_processor = getattr(wan, "WanAttention", None), getattr(wan, "WanAttnProcessor", None)
+    wan, declined_wan = ops.find(ops.WAN_ROPE, ctx.modules, strict=ctx.strict)
+    result.decline(declined_wan)  # Wan's attention keeps its own RoPE
+    wan_attention, wan_processor = wan.get("WanAttention"), wan.get("WanAttnProcessor")
     shared_owners: Dict[str, types.ModuleType] = {}
     families: Dict[str, int] = {}
     own: Dict[type, Tuple[List[str], Reason]] = {}
@@ -266,6 +268,10 @@ def plan(ctx: Context) -> OpPlan:
         if code is None:
             continue
         owner = sys.modules.get(cls.__module__)
+        if SHARED_NAME in code.co_names and declined is not None:
+            continue  # diffusers' shared function could not be found: declined above, not a RoPE of its own
+        if declined_wan is not None and cls.__name__.startswith("Wan"):
+            continue  # Wan's classes could not be found: declined above
         if SHARED_NAME in code.co_names:
             held = vars(owner).get(SHARED_NAME) if owner is not None else None
             if shared is not None and (held is None or held is shared or held is live):
@@ -285,7 +291,7 @@ def plan(ctx: Context) -> OpPlan:
         shown = places[0] if len(places) == 1 else f"{places[0]} and {len(places) - 1} more ({cls.__name__})"
         result.refusals.append(Refusal(OP, shown, reason))
     if not families and not wan_modules:
-        if not own:
+        if not own and not result.declines:
             result.notes.append("rope: no rotary embedding in this model's attention processors")
         return result
     if ctx.torch_npu is None:
@@ -294,7 +300,7 @@ def plan(ctx: Context) -> OpPlan:
         result.notes.append(f"rope: {count} attention modules: {label}")
     if families:
         owners = [(embeddings, SHARED_NAME)] + [(m, SHARED_NAME) for m in shared_owners.values()]
-        names = [EMBEDDINGS] + list(shared_owners)
+        names = [embeddings.__name__] + list(shared_owners)
         where = " + ".join(f"{n}.{SHARED_NAME}" for n in names)
         if live is not None:  # another handle installed it: share its site and first-call check
             result.sites.append(FunctionSite(live.site, owners, lambda current: live))

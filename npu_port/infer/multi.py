@@ -141,7 +141,8 @@ def check_parallel_model(
     """What can be known before any rank starts: the model's denoiser has a context-parallel plan (when the layout
     splits the sequence), its heads split over the Ulysses degree and, for Flux- and Wan-style models, the request's
     sequences split over the ranks — read from the built-in model's or the directory's config files."""
-    from ..parallel.layout import check_heads, check_sequence, models_with_plans
+    from ..parallel.layout import check_heads, check_sequence, planned_models_text
+    from ..upstream.diffusers.parallel import cp_plan
 
     plan = describe_model(model)
     if not plan.builtin and not os.path.isdir(plan.source):
@@ -167,10 +168,10 @@ def check_parallel_model(
     import diffusers
 
     cls = getattr(diffusers, config.get("_class_name", ""), None)
-    if cls is not None and not getattr(cls, "_cp_plan", None):
+    if cls is not None and not cp_plan(cls):
         raise ParallelError(
             f"{model!r}: its {config['_class_name']} has no context-parallel plan (_cp_plan), so --ulysses / --ring "
-            f"cannot split it; models with one: {', '.join(models_with_plans())} (built in: "
+            f"cannot split it; {planned_models_text()} (built in: "
             f"{', '.join(n for n in TINY_MODELS if n in ('tiny-flux', 'tiny-wan'))}); --cfg-parallel alone works "
             "for any guided pipeline"
         )
@@ -197,7 +198,9 @@ def run_parallel(
     """Generate over ``layout.world`` ranks; returns (rank 0's :class:`GenerationResult`, per-rank summaries)."""
     from ..device.helpers import device_count
     from ..parallel.launch import launch, rank_environment
+    from ..parallel.layout import require
 
+    require(layout, anything)  # diffusers has what the layout needs: before anything is built or started
     if layout.cfg and request.guidance_scale <= 1:
         raise ParallelError(
             "--cfg-parallel splits classifier-free guidance, which is off at --guidance-scale "

@@ -16,7 +16,6 @@ enum and the registry exactly as they were.
 
 from __future__ import annotations
 
-import inspect
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -26,6 +25,7 @@ from torch import Tensor
 from ..attn.api import attention
 from ..integrations.diffusers.routing import current_route
 from ..integrations.diffusers.stand_ins import dispatcher_mask
+from ..upstream.diffusers import dispatch
 from ..weak import Memo, tensor_version
 from .sequence import SequenceGroups, check_call, context_parallel_attention, gather_key_mask, key_mask
 
@@ -116,59 +116,21 @@ def npu_port_attention(
 
 # ---- registration -----------------------------------------------------------------------------------------------
 
-
-class _Saved:
-    """What registration changed, to put back exactly: dict entries (absent ones are deleted again)."""
-
-    entries: List[Tuple[Dict[Any, Any], Any, Any]] = []
-    attributes: List[Tuple[type, str, Any]] = []
-    names: Optional[List[str]] = None
-    in_cp_set = False
-
-
-_MISSING = object()
-
-
-def _set_entry(table: Dict[Any, Any], key: Any, value: Any) -> None:
-    _Saved.entries.append((table, key, table.get(key, _MISSING)))
-    table[key] = value
-
-
-def _dispatch() -> Any:
-    from diffusers.models import attention_dispatch
-
-    return attention_dispatch
-
-
-def _add_member(names: type) -> Any:
-    """``AttentionBackendName.NPU_PORT = "npu_port"``, added to the enum as if it had been declared."""
-    member = str.__new__(names, BACKEND)
-    member._name_ = MEMBER
-    member._value_ = BACKEND
-    _set_entry(names._member_map_, MEMBER, member)
-    _set_entry(names._value2member_map_, BACKEND, member)
-    _Saved.names = list(names._member_names_)
-    names._member_names_.append(MEMBER)
-    _Saved.attributes.append((names, MEMBER, vars(names).get(MEMBER, _MISSING)))
-    type.__setattr__(names, MEMBER, member)
-    return member
+_UNDO: List[Callable[[], None]] = []  # what the first register() changed in diffusers (npu_port.upstream)
 
 
 def register() -> Any:
-    """Register the backend with diffusers (counted; the first call does the work). Returns the enum member."""
+    """Register the backend with diffusers (counted; the first call does the work). Returns the enum member.
+    Context parallelism checks first that diffusers has the pieces (:func:`npu_port.parallel.require`)."""
     global _USERS
     with _LOCK:
-        dispatch = _dispatch()
-        names, registry = dispatch.AttentionBackendName, dispatch._AttentionBackendRegistry
         if _USERS == 0:
-            member = _add_member(names)
-            _set_entry(registry._backends, member, npu_port_attention)
-            _set_entry(registry._constraints, member, [])
-            _set_entry(registry._supported_arg_names, member, set(inspect.signature(npu_port_attention).parameters))
-            _Saved.in_cp_set = BACKEND in registry._supports_context_parallel
-            registry._supports_context_parallel.add(BACKEND)
+            member, undo = dispatch.add_backend(BACKEND, MEMBER, npu_port_attention)
+            _UNDO.append(undo)
+        else:
+            member = dispatch.backend_member(BACKEND)
         _USERS += 1
-        return names(BACKEND)
+        return member
 
 
 def unregister() -> None:
@@ -180,23 +142,8 @@ def unregister() -> None:
         _USERS -= 1
         if _USERS:
             return
-        registry = _dispatch()._AttentionBackendRegistry
-        if not _Saved.in_cp_set:
-            registry._supports_context_parallel.discard(BACKEND)
-        for owner, name, old in reversed(_Saved.attributes):
-            if old is _MISSING:
-                type.__delattr__(owner, name)
-            else:
-                type.__setattr__(owner, name, old)
-        if _Saved.names is not None:
-            names = _dispatch().AttentionBackendName
-            names._member_names_[:] = _Saved.names
-        for table, key, old in reversed(_Saved.entries):
-            if old is _MISSING:
-                table.pop(key, None)
-            else:
-                table[key] = old
-        _Saved.entries, _Saved.attributes, _Saved.names = [], [], None
+        while _UNDO:
+            _UNDO.pop()()
 
 
 def registered() -> bool:

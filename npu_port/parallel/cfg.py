@@ -205,29 +205,29 @@ def _rebuild(structure: Any, tensor: Tensor) -> Any:
 
 
 def make_hook(mode: str, group: Any, rank: int) -> Any:
-    """A diffusers ``ModelHook`` running :class:`GuidanceSplitHook` around the denoiser's forward."""
-    from diffusers.hooks import ModelHook
-    from diffusers.hooks.hooks import BaseState, StateManager
+    """A diffusers ``ModelHook`` running :class:`GuidanceSplitHook` around the denoiser's forward. It is stateful, so
+    that diffusers hands it each call's cache context ("cond" / "uncond"); a diffusers without cache contexts (or
+    whose ``StateManager`` changed) is declined by the adapter, and the calls are told apart by their order."""
+    from ..upstream.diffusers import parallel as upstream
 
-    class _Nothing(BaseState):
-        def reset(self, *args: Any, **kwargs: Any) -> None:
-            pass
+    contexts, read_context, declined = upstream.context_states()
 
-    class CFGParallelHook(ModelHook):
-        _is_stateful = True  # so that diffusers hands it the cache context ("cond" / "uncond") of each call
+    class CFGParallelHook(upstream.model_hook()):
+        _is_stateful = True  # diffusers resets it with the pipeline's other stateful hooks
 
         def __init__(self) -> None:
             super().__init__()
             self.split = GuidanceSplitHook(mode, group, rank)
-            self.contexts = StateManager(_Nothing)
+            self.contexts = contexts  # diffusers sets each call's context on the StateManager attributes of a hook
+            self.declined = declined  # why the calls are told apart by order (npu_port.upstream.Decline), or None
 
         def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-            contexts = self.contexts
-            context = getattr(contexts, "_context", None) or getattr(contexts, "_current_context", None)
+            context = read_context(self.contexts) if self.contexts is not None else None
             return self.split.run(self.fn_ref.original_forward, args, kwargs, context)
 
         def reset_state(self, module: torch.nn.Module) -> None:
             self.split.reset()
-            self.contexts.reset()
+            if self.contexts is not None:
+                self.contexts.reset()
 
     return CFGParallelHook()

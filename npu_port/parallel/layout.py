@@ -99,27 +99,46 @@ def check_sequence(name: str, length: int, layout: ParallelLayout) -> None:
         )
 
 
+def require(layout: ParallelLayout, anything: bool = False) -> None:
+    """What ``layout`` needs from diffusers (its hooks; for a sequence split, its context parallelism and dispatcher)
+    is there, else :class:`~npu_port.upstream.UpstreamMissingError` naming the missing piece — raised before any
+    process starts, any process group is joined or any weight is loaded."""
+    from ..upstream.diffusers import parallel as upstream
+
+    upstream.require(context_parallel=layout.context_parallel, cfg=layout.cfg, anything=anything)
+
+
 def models_with_plans(candidates: Optional[Iterable[Any]] = None) -> List[str]:
-    """The diffusers model classes that carry a context-parallel plan (``_cp_plan``), by name."""
+    """The diffusers model classes that carry a context-parallel plan (``_cp_plan``), by name (empty when diffusers'
+    list of models cannot be read: declined, warned about once)."""
+    from ..upstream.diffusers import parallel as upstream
+
     if candidates is None:
         import diffusers
 
-        names = [n for n in getattr(diffusers, "_import_structure", {}).get("models", []) if n[:1].isupper()]
         candidates = []
-        for name in names:
+        for name in upstream.planned_model_names() or []:
             try:
                 candidates.append(getattr(diffusers, name))
             except Exception:  # an optional dependency missing for one model: it cannot be used here anyway
                 continue
-    found = {c.__name__ for c in candidates if isinstance(c, type) and getattr(c, "_cp_plan", None)}
+    found = {c.__name__ for c in candidates if isinstance(c, type) and upstream.cp_plan(c)}
     return sorted(found)
+
+
+def planned_models_text() -> str:
+    """The part of an error about a model without a plan that names the models with one."""
+    names = models_with_plans()
+    return f"models with one: {', '.join(names)}" if names else "diffusers' list of models is not readable here"
 
 
 def check_plan(model: Any) -> None:
     """A model without a context-parallel plan cannot be split: say which models have one."""
-    if getattr(model, "_cp_plan", None):
+    from ..upstream.diffusers import parallel as upstream
+
+    if upstream.cp_plan(model):
         return
     raise ParallelError(
-        f"{type(model).__name__} has no context-parallel plan (_cp_plan), so its sequence cannot be split; models "
-        f"with one: {', '.join(models_with_plans())}. Use --cfg-parallel alone, or pass a cp_plan"
+        f"{type(model).__name__} has no context-parallel plan (_cp_plan), so its sequence cannot be split; "
+        f"{planned_models_text()}. Use --cfg-parallel alone, or pass a cp_plan"
     )

@@ -51,15 +51,19 @@ class SequenceGroups:
 
     @classmethod
     def from_config(cls, cp: Any) -> "SequenceGroups":
-        """From a diffusers ``ContextParallelConfig`` after ``setup`` (its meshes and local ranks)."""
+        """From a diffusers ``ContextParallelConfig`` after ``setup`` (its meshes and local ranks, read through
+        :func:`npu_port.upstream.diffusers.parallel.config_meshes`)."""
+        from ..upstream.diffusers.parallel import config_meshes
+
+        meshes = config_meshes(cp)
         return cls(
             ulysses=int(cp.ulysses_degree),
             ring=int(cp.ring_degree),
-            ulysses_group=cp._ulysses_mesh.get_group(),
-            ring_group=cp._ring_mesh.get_group(),
-            all_group=cp._flattened_mesh.get_group(),
-            ulysses_rank=int(cp._ulysses_local_rank),
-            ring_rank=int(cp._ring_local_rank),
+            ulysses_group=meshes["ulysses_mesh"].get_group(),
+            ring_group=meshes["ring_mesh"].get_group(),
+            all_group=meshes["flattened_mesh"].get_group(),
+            ulysses_rank=int(meshes["ulysses_rank"]),
+            ring_rank=int(meshes["ring_rank"]),
             ulysses_anything=bool(getattr(cp, "ulysses_anything", False)),
         )
 

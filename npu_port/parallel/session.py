@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional
@@ -32,8 +33,9 @@ from .. import _patching
 from ..device import get_device
 from ..device.distributed import default_backend
 from ..errors import ParallelError
+from ..upstream.diffusers import parallel as upstream
 from .launch import put_back_environment, set_environment
-from .layout import ParallelLayout, check_heads, check_plan, check_sequence
+from .layout import ParallelLayout, check_heads, check_plan, check_sequence, require
 
 #: How long a collective may wait: the first step on an NPU compiles graphs for minutes, and a rank that is still
 #: compiling must not be taken for a dead one (HCCL's own timeouts are set by the launcher, see .launch).
@@ -88,6 +90,7 @@ class ParallelSession:
     def parallelize(self, target: Any, *, cfg_mode: str = "auto", anything: bool = False) -> "ParallelHandle":
         """Make ``target`` (a pipeline with a ``transformer`` or ``unet``, or the model itself) run on this layout;
         undo with the handle's ``restore()``. ``anything``: diffusers' ``ulysses_anything`` (any head count)."""
+        require(self.layout, anything)
         denoisers = _denoisers(target)
         if anything and self.layout.ring > 1:
             raise ParallelError(
@@ -108,6 +111,8 @@ class ParallelSession:
                     hook = make_hook(mode, self.mesh.get_group("cfg"), self.cfg_rank)
                     _register_hook(denoiser, hook, HOOK_NAME, handle)
                     handle.cfgs.append(hook.split)
+                    if hook.declined is not None and hook.declined not in handle.declines:
+                        handle.declines.append(hook.declined)
         except BaseException:
             handle.restore()
             raise
@@ -145,6 +150,8 @@ class ParallelHandle:
         self._undo: List[Callable[[], None]] = []
         self._tracked: dict = {}  # id(module) -> (module, had a hook registry, had an instance forward)
         self.cfgs: List[Any] = []  # each denoiser's CFG split (its exchange count), when CFG parallelism is on
+        #: what diffusers lacked and was done without (npu_port.upstream.Decline): CFG's calls told apart by order
+        self.declines: List[Any] = []
 
     @property
     def cfg(self) -> Any:
@@ -161,15 +168,16 @@ class ParallelHandle:
         if id(module) in self._tracked:
             return
         own = vars(module)
-        self._tracked[id(module)] = (module, "_diffusers_hook" in own, "forward" in own)
+        self._tracked[id(module)] = (module, upstream.hook_registry_attribute() in own, "forward" in own)
         if len(self._tracked) == 1:
             self._undo.insert(0, self._clean_tracked)
 
     def _clean_tracked(self) -> None:
+        attribute = upstream.hook_registry_attribute()
         for module, had_registry, had_forward in self._tracked.values():
-            registry = vars(module).get("_diffusers_hook")
+            registry = vars(module).get(attribute)
             if not had_registry and registry is not None and not registry.hooks:
-                del module._diffusers_hook
+                delattr(module, attribute)
                 if not had_forward:
                     vars(module).pop("forward", None)
         self._tracked.clear()
@@ -197,10 +205,8 @@ def _denoisers(target: Any) -> List[torch.nn.Module]:
 
 
 def _register_hook(module: torch.nn.Module, hook: Any, name: str, handle: ParallelHandle) -> None:
-    from diffusers.hooks import HookRegistry
-
     handle.track(module)
-    registry = HookRegistry.check_if_exists_or_initialize(module)
+    registry = upstream.hook_registry(module)
     registry.register_hook(hook, name)
     handle.on_restore(lambda: registry.remove_hook(name, recurse=False))
 
@@ -221,8 +227,6 @@ def _one_device_per_cpu_rank(device: torch.device) -> Iterator[None]:
 
 
 def _enable_context_parallel(model: torch.nn.Module, session: ParallelSession, anything: bool, handle) -> None:
-    from diffusers import ContextParallelConfig
-
     from . import backend
 
     layout = session.layout
@@ -230,9 +234,15 @@ def _enable_context_parallel(model: torch.nn.Module, session: ParallelSession, a
     heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
     if isinstance(heads, int):
         check_heads(heads, layout, anything, hint="anything=True")
+    processors = backend.attention_processors(model)
+    if not processors:
+        raise ParallelError(
+            f"{type(model).__name__}: none of its attention processors takes a diffusers dispatcher backend, so "
+            "npu-port's context-parallel attention cannot be set on them (processors replaced by ones of another "
+            "kind: restore those first)"
+        )
     member = backend.register()
     handle.on_restore(backend.unregister)
-    processors = backend.attention_processors(model)
     saved = [(p, p._attention_backend, getattr(p, "_parallel_config", None)) for p in processors]
 
     def put_back() -> None:
@@ -244,28 +254,23 @@ def _enable_context_parallel(model: torch.nn.Module, session: ParallelSession, a
     handle.on_restore(put_back)
     for processor in processors:
         processor._attention_backend = member
-    config = ContextParallelConfig(
+    config = upstream.context_parallel_config(
         ulysses_degree=layout.ulysses,
         ring_degree=layout.ring,
         mesh=session.mesh["ring", "ulysses"],
         ulysses_anything=anything and layout.ulysses > 1 and layout.ring == 1,
     )
-    plan = model._cp_plan
+    plan = upstream.cp_plan(model)
     had_config = "_parallel_config" in vars(model)
-    from diffusers.hooks.context_parallel import _get_submodule_by_name
-
     handle.track(model)
     for where in plan:
-        found = _get_submodule_by_name(model, where)
-        for module in found if isinstance(found, list) else [found]:
+        for module in upstream.plan_modules(model, where):
             handle.track(module)
     with _one_device_per_cpu_rank(session.device):
         model.enable_parallelism(config=config)
 
     def disable() -> None:
-        from diffusers.hooks.context_parallel import remove_context_parallel
-
-        remove_context_parallel(model, plan)
+        upstream.remove_context_parallel(model, plan)
         if not had_config:
             vars(model).pop("_parallel_config", None)
 
@@ -278,9 +283,8 @@ def _processor_check(model: torch.nn.Module, member: Any) -> Any:
     """A hook that refuses to run the model when one of its attention processors no longer uses npu-port's backend
     (replaced after ``parallelize``, by a custom-processor strategy say): the sequence is still split, so that
     processor would attend to this rank's part of it only — a wrong result, not an error, without this check."""
-    from diffusers.hooks import ModelHook
 
-    class ProcessorCheck(ModelHook):
+    class ProcessorCheck(upstream.model_hook()):
         def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any):
             for name, sub in model.named_modules():
                 processor = getattr(sub, "processor", None)
@@ -296,28 +300,35 @@ def _processor_check(model: torch.nn.Module, member: Any) -> Any:
     return ProcessorCheck()
 
 
+_NOT_PASSED = object()
+
+
+def _argument(forward: Any, name: str, args: tuple, kwargs: dict) -> Any:
+    """The argument ``name`` of a call of ``forward`` (a class's, ``self`` first): by keyword, else by its position
+    in the signature; :data:`_NOT_PASSED` when the call did not pass it."""
+    if name in kwargs:
+        return kwargs[name]
+    parameters = list(inspect.signature(forward).parameters)[1:]  # self
+    if name in parameters and parameters.index(name) < len(args):
+        return args[parameters.index(name)]
+    return _NOT_PASSED
+
+
 def _add_split_checks(model: torch.nn.Module, plan: dict, layout: ParallelLayout, handle: ParallelHandle) -> None:
     """Before each split of the plan, check the input splits evenly (diffusers' own check is a bare assert)."""
-    from diffusers.hooks import ModelHook
-    from diffusers.hooks.context_parallel import ModuleForwardMetadata, _get_submodule_by_name
-    from diffusers.models._modeling_parallel import ContextParallelInput
+    split_input = upstream.split_input_type()
 
-    class SplitCheck(ModelHook):
+    class SplitCheck(upstream.model_hook()):
         def __init__(self, where: str, inputs: dict) -> None:
             super().__init__()
-            self.where, self.inputs, self.metadata = where, inputs, None
-
-        def initialize_hook(self, module: torch.nn.Module) -> torch.nn.Module:
-            self.metadata = ModuleForwardMetadata(_cls=type(module))
-            return module
+            self.where, self.inputs = where, inputs
 
         def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any):
             for name, spec in self.inputs.items():
-                if not isinstance(spec, ContextParallelInput) or spec.split_output:
+                if not isinstance(spec, split_input) or spec.split_output:
                     continue
-                try:
-                    value, _, _ = self.metadata._get_parameter_from_args_kwargs(name, list(args), kwargs)
-                except ValueError:  # not passed at all: diffusers' own split hook says so
+                value = _argument(type(module).forward, name, args, kwargs)
+                if value is _NOT_PASSED:  # diffusers' own split hook says so
                     continue
                 dims_match = spec.expected_dims is None or getattr(value, "ndim", None) == spec.expected_dims
                 if isinstance(value, torch.Tensor) and dims_match:
@@ -328,8 +339,7 @@ def _add_split_checks(model: torch.nn.Module, plan: dict, layout: ParallelLayout
     for where, inputs in plan.items():
         if not isinstance(inputs, dict):
             continue
-        modules = _get_submodule_by_name(model, where)
-        for module in modules if isinstance(modules, list) else [modules]:
+        for module in upstream.plan_modules(model, where):
             _register_hook(module, SplitCheck(where, inputs), f"npu_port_cp_check---{where}", handle)
 
 
@@ -349,6 +359,7 @@ def start(
     from torch.distributed.device_mesh import init_device_mesh
 
     layout = layout or ParallelLayout(ulysses, ring, cfg_parallel)
+    require(layout)
     local_rank = _env_int("LOCAL_RANK") or 0
     kind = get_device(device).type
     rank_device = _rank_device(kind, local_rank)

@@ -33,6 +33,7 @@ class StrategyHandle:
         self.applied: Any = None  # the target applier's record, when target is given (see .appliers)
         self.fused: Any = None  # the fuse_ops record (npu_port.fuse), when the strategy sets fuse_ops and has a target
         self.notes: List[str] = []
+        self.declines: List[Any] = []  # process-wide: what diffusers' dispatcher could not take (npu_port.upstream)
         self.restored = False
 
     @property
@@ -105,6 +106,8 @@ class StrategyHandle:
             data["text_models"] = [state._asdict() for state in text_states()] if text_states is not None else []
             declines = getattr(self.applied, "upstream_declines", None)
             data["declines"] = [decline.as_dict() for decline in declines()] if declines is not None else []
+        if self.process_wide:
+            data["declines"] = [decline.as_dict() for decline in self.declines]
         if self.fused is not None:
             data["fuse_ops"] = self.fused.report()
         return data

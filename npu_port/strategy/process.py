@@ -16,9 +16,9 @@ import warnings
 from typing import Any, Dict, List, Optional
 
 from ..attn import select as kernel_select
+from ..upstream.diffusers import dispatch
 
 DIFFUSERS_BACKEND_VARIABLE = "DIFFUSERS_ATTN_BACKEND"
-DISPATCH_MODULE = "diffusers.models.attention_dispatch"
 #: Variables only read when a program or torch_npu starts: set for child processes, and said so.
 READ_AT_START = {
     "DIFFUSERS_ATTENTION_TYPE": "older NPU scripts read it when they start",
@@ -38,32 +38,32 @@ class ProcessState:
         self.original_env: Dict[str, Optional[str]] = {}
         self.original_backend: Any = _UNSET
         self.original_selector: Optional[kernel_select.Selector] = None
+        self.declined: List[Any] = []  # upstream declines met by the last _sync (npu_port.upstream.Decline)
 
     # ---- the diffusers dispatcher -------------------------------------------------------------------------------
 
-    @staticmethod
-    def _registry():
-        module = sys.modules.get(DISPATCH_MODULE)
-        return getattr(module, "_AttentionBackendRegistry", None) if module is not None else None
-
     def _set_diffusers_backend(self, value: Optional[str]) -> Optional[str]:
-        """Make diffusers' active backend ``value`` (None = the original); a note when it could not be done."""
-        registry = self._registry()
-        if registry is None:
+        """Make diffusers' active backend ``value`` (None = the original) when diffusers is imported; a note when it
+        could not be done (diffusers refused the backend). Missing dispatcher pieces decline: kept in
+        ``self.declined`` (the handle reports it) and warned about once, the registry left as it is."""
+        if not dispatch.loaded():
+            return None
+        if value is None:
+            if self.original_backend is not _UNSET and dispatch.decline_process_wide() is None:
+                dispatch.set_active_backend(self.original_backend)
+            return None
+        decline = dispatch.decline_process_wide()
+        if decline is not None:
+            self.declined.append(decline)
             return None
         if self.original_backend is _UNSET:
-            self.original_backend = registry._active_backend
-        if value is None:
-            registry._active_backend = self.original_backend
-            return None
-        module = sys.modules[DISPATCH_MODULE]
+            self.original_backend = dispatch.active_backend()
         try:
-            backend = module.AttentionBackendName(value)
-            module._check_attention_backend_requirements(backend)
+            backend = dispatch.usable_backend(value)
         except (ValueError, RuntimeError, ImportError) as exc:
             variable = f"{DIFFUSERS_BACKEND_VARIABLE}={value}"
             return f"{variable}: diffusers is already imported and refused it at run time ({exc})"
-        registry._active_backend = backend
+        dispatch.set_active_backend(backend)
         return None
 
     # ---- applying -----------------------------------------------------------------------------------------------
@@ -79,6 +79,8 @@ class ProcessState:
         for note in refused:  # something the user asked for did not happen in this process: say so loudly
             warnings.warn(note, StrategyNotAppliedWarning, stacklevel=3)
         notes = list(refused)
+        handle.declines = list(self.declined)  # warned about once per process by the adapter; listed on every handle
+        notes += [f"not applied in this process: {decline}" for decline in self.declined]
         for key, value in handle.strategy.env.items():
             if key == "DIFFUSERS_ATTENTION_TYPE" or (key in READ_AT_START and "torch_npu" in sys.modules):
                 notes.append(f"{key}={value} is set for child processes only: {READ_AT_START[key]}")
@@ -99,6 +101,7 @@ class ProcessState:
 
     def _sync(self) -> List[str]:
         notes: List[str] = []
+        self.declined = []
         for key, original in self.original_env.items():
             value = original
             for handle in self.active:

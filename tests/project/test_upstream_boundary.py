@@ -22,20 +22,9 @@ ADAPTERS = PACKAGE / "upstream"
 LIBRARIES = ("diffusers", "transformers")
 _MODULE_STRING = re.compile(rf"^(?:{'|'.join(LIBRARIES)})\.[a-z_]")
 
-#: Files allowed to name internals, each with why. Entries go as the adapters take the uses over; the test below
-#: fails for an entry that no longer names any (it must not hide a new use).
-EXCEPTIONS: Dict[str, str] = {
-    # issue 25: these move behind npu_port.upstream.diffusers (attention: .attention; the rest: .dispatch / .parallel /
-    # .ops); each entry goes when its file is done
-    "npu_port/fuse/adaln.py": "to npu_port.upstream.diffusers.ops",
-    "npu_port/fuse/geglu.py": "to npu_port.upstream.diffusers.ops",
-    "npu_port/fuse/norms.py": "to npu_port.upstream.diffusers.ops",
-    "npu_port/fuse/rope.py": "to npu_port.upstream.diffusers.ops",
-    "npu_port/parallel/backend.py": "to npu_port.upstream.diffusers.dispatch",
-    "npu_port/parallel/cfg.py": "to npu_port.upstream.diffusers.parallel",
-    "npu_port/parallel/session.py": "to npu_port.upstream.diffusers.parallel",
-    "npu_port/strategy/process.py": "to npu_port.upstream.diffusers.dispatch",
-}
+#: Files allowed to name internals, each with why (none: every use goes through an adapter). The test below fails
+#: for an entry that no longer names any (it must not hide a new use).
+EXCEPTIONS: Dict[str, str] = {}
 
 
 def _docstrings(tree: ast.AST) -> Set[int]:
