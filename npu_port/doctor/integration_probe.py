@@ -38,12 +38,12 @@ def probe_transformers() -> Dict[str, Any]:
     """A 1-layer CLIP text encoder built from a config, under ``sdpa``."""
     import torch
 
-    import npu_port
     from npu_port.integrations.diffusers.tiny_text2image import tiny_clip_text_encoder
+    from npu_port.strategy.api import set_attention_strategy
 
     model = tiny_clip_text_encoder(32, 31, 30).eval()
     ids = torch.randint(0, 30, (1, 5), generator=torch.Generator().manual_seed(0))
-    handle = npu_port.set_attention_strategy("sdpa", target=model, cache=False)
+    handle = set_attention_strategy("sdpa", target=model, cache=False)
     with torch.no_grad():
         return _outcome(handle, lambda: model(input_ids=ids))
 
@@ -52,11 +52,11 @@ def probe_diffusers() -> Dict[str, Any]:
     """The tiny UNet (self- and cross-attention) built from a config, under ``sdpa``."""
     import torch
 
-    import npu_port
     from npu_port.integrations.diffusers.tiny import run_tiny, tiny_unet
+    from npu_port.strategy.api import set_attention_strategy
 
     model = tiny_unet()
-    handle = npu_port.set_attention_strategy("sdpa", target=model, cache=False)
+    handle = set_attention_strategy("sdpa", target=model, cache=False)
     with torch.no_grad():
         return _outcome(handle, lambda: run_tiny(model, batch_size=1))
 
