@@ -67,7 +67,11 @@ POLICY: Tuple[Supported, ...] = (
         "4.25.1",
         "the text encoders of the diffusers 0.11-0.14 era: their projects pin transformers 4.25-4.30",
         extras=("diffusers",),
-        features={"text encoders routed (AttentionInterface)": "4.50.0"},
+        # measured: AttentionInterface appears in 4.51.0, CLIP computes through it from 4.52.1, T5 / UMT5 from 5.15.0
+        features={
+            "CLIP text encoders routed (AttentionInterface)": "4.52.1",
+            "T5 / UMT5 text encoders routed (AttentionInterface)": "5.15.0",
+        },
     ),
     Supported(
         "huggingface_hub",

@@ -21,14 +21,20 @@ from npu_port.integrations.diffusers.routing import Route, active_route
 from npu_port.reasons import Reason
 from npu_port.strategy.spec import Strategy
 from tests.infer.conftest import _module_cache, model_cache  # noqa: F401  (the tiny pipelines, built once)
+from tests.versions import at_least
 
-transformers = pytest.importorskip("transformers")
-from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
-from transformers.masking_utils import AttentionMaskInterface  # noqa: E402
-from transformers.modeling_utils import AttentionInterface  # noqa: E402
+#: Every test here runs T5 / UMT5 through transformers' AttentionInterface (and its sdpa's position-bias mask), which
+#: they use from transformers 5.15.0 on; the oldest lanes deselect the file (and it must import there to be read).
+TRANSFORMERS_MIN = "5.15.0"
+pytestmark = pytest.mark.transformers_min(TRANSFORMERS_MIN)
 
-from npu_port.integrations.diffusers.tiny_flux import tiny_t5_encoder  # noqa: E402
-from npu_port.integrations.diffusers.tiny_text2image import tiny_clip_text_encoder  # noqa: E402
+if at_least("transformers", TRANSFORMERS_MIN):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    from npu_port.integrations.diffusers.tiny_flux import tiny_t5_encoder
+    from npu_port.integrations.diffusers.tiny_text2image import tiny_clip_text_encoder
 
 ENCODERS = {
     "clip": lambda: tiny_clip_text_encoder(100, 99, 98),
