@@ -59,7 +59,9 @@ POLICY: Tuple[Supported, ...] = (
             "attention processors": "0.12.0",
             "Attention modules (attention_processor layout)": "0.15.0",
             "attention dispatcher (dispatch_attention_fn)": "0.35.0",
-            "context parallelism (npu-port infer --nproc)": "0.36.0",
+            # diffusers' context parallelism appears in 0.36.0; ContextParallelConfig(mesh=...), which npu-port's
+            # session passes, in 0.38.0 (measured: 0.36.0 and 0.37.0 refuse it)
+            "context parallelism (npu-port infer --nproc)": "0.38.0",
         },
     ),
     Supported(
