@@ -26,8 +26,8 @@ from .reasons import Reason
 #: sys.path). tests/project/test_packaging.py checks this against setup.cfg.
 EXTRAS: Dict[str, List[str]] = {
     "npu": ["torch-npu"],
-    "diffusers": ["diffusers>=0.27", "transformers"],
-    "demo": ["gradio>=5"],
+    "diffusers": ["diffusers>=0.11.1", "transformers>=4.25.1"],
+    "demo": ["gradio>=5.0"],
     "bench": ["matplotlib>=3.5"],
     "fix": ["libcst>=1.1"],
     "video": ["imageio", "imageio-ffmpeg"],
@@ -85,7 +85,7 @@ def extra_hint(extra: str) -> str:
     """The command that installs npu-port's ``extra`` the way npu-port itself was installed, or its packages.
 
     >>> extra_hint("demo")  # from a checkout installed with pip install -e .   # doctest: +SKIP
-    'pip install -e ".[demo]" (or: pip install "gradio>=5")'
+    'pip install -e ".[demo]" (or: pip install "gradio>=5.0")'
     """
     packages = " ".join(f'"{p}"' if any(c in p for c in "<>=!~") else p for p in EXTRAS.get(extra, []))
     how = _installed_from()

@@ -59,7 +59,9 @@ POLICY: Tuple[Supported, ...] = (
             "attention processors": "0.12.0",
             "Attention modules (attention_processor layout)": "0.15.0",
             "attention dispatcher (dispatch_attention_fn)": "0.35.0",
-            "context parallelism (npu-port infer --nproc)": "0.36.0",
+            # diffusers' context parallelism appears in 0.36.0; ContextParallelConfig(mesh=...), which npu-port's
+            # session passes, in 0.38.0 (measured: 0.36.0 and 0.37.0 refuse it)
+            "context parallelism (npu-port infer --nproc)": "0.38.0",
         },
     ),
     Supported(
@@ -67,7 +69,12 @@ POLICY: Tuple[Supported, ...] = (
         "4.25.1",
         "the text encoders of the diffusers 0.11-0.14 era: their projects pin transformers 4.25-4.30",
         extras=("diffusers",),
-        features={"text encoders routed (transformers AttentionInterface)": "4.50.0"},
+        # measured: AttentionInterface appears in 4.51.0, CLIP computes through it from 4.52.1, T5 / UMT5 from 5.15.0
+        features={
+            "text encoders routed (transformers AttentionInterface)": "4.51.0",
+            "CLIP text encoders routed (AttentionInterface)": "4.52.1",
+            "T5 / UMT5 text encoders routed (AttentionInterface)": "5.15.0",
+        },
     ),
     Supported(
         "huggingface_hub",

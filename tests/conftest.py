@@ -1,5 +1,5 @@
-"""Shared test set-up: hypothesis profiles, stand-ins for packages this machine does not have, and the diffusers
-version markers of the compatibility matrix.
+"""Shared test set-up: hypothesis profiles, stand-ins for packages this machine does not have, and the library
+version markers of the CI lanes.
 
 The stand-ins (the torch_npu emulator, the xformers and flash_attn fakes) follow their packages' documented
 contracts and say so; installing one also lets the matching kernel accept CPU tensors, since there is no NPU or GPU
@@ -9,7 +9,6 @@ here. Each is a context manager (usable inside hypothesis tests) and a fixture.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import os
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from npu_port.attn.kernels.xformers import XformersKernel
 
 from .emulators import torch_npu_emulator
 from .fakes import flash_attn_fake, xformers_fake
+from .versions import VERSIONED, installed_version
 
 
 def pytest_configure(config):
@@ -139,29 +139,24 @@ def no_torch_npu(monkeypatch):
     _optional.forget("torch_npu")
 
 
-# ---- the diffusers compatibility matrix ------------------------------------------------------------------------------
+# ---- the version lanes -------------------------------------------------------------------------------------------
 #
-# .ci/compat runs the legacy-attention and `run` tests again under the diffusers that old projects pin (0.11.1,
-# 0.14.0). A test that needs something an old diffusers does not have says so with @pytest.mark.diffusers_min("0.15");
-# a test about the old versions' own layout with @pytest.mark.diffusers_below("0.15"). Such a test is deselected (not
-# skipped) under a version outside its range: the run reports it as deselected, and nothing stands in for it.
+# .ci/run's oldest lanes run parts of the suite again under the diffusers and transformers that old projects pin
+# (diffusers 0.11.1 with transformers 4.25.1, 0.14.0 with 4.30.2) and under the oldest releases on which the modern
+# integration paths are claimed (npu_port/support.py). A test that needs something an older release does not have
+# says so with @pytest.mark.diffusers_min("0.15") / @pytest.mark.transformers_min("4.52.1"); a test about the old
+# versions' own layout with @pytest.mark.diffusers_below("0.15") / transformers_below(...). Such a test is deselected
+# (not skipped) under a version outside its range: the run reports it as deselected, and nothing stands in for it.
 
 
-def installed_diffusers() -> "Version | None":
-    """The installed diffusers' version, from its metadata (no import); None when it is not installed."""
-    try:
-        return Version(importlib.metadata.version("diffusers"))
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _in_diffusers_range(item: pytest.Item, installed: "Version | None") -> bool:
-    for marker in item.iter_markers("diffusers_min"):
-        if installed is None or installed < Version(marker.args[0]):
-            return False
-    for marker in item.iter_markers("diffusers_below"):
-        if installed is None or installed >= Version(marker.args[0]):
-            return False
+def _in_version_range(item: pytest.Item, installed: "dict[str, Version | None]") -> bool:
+    for distribution, version in installed.items():
+        for marker in item.iter_markers(f"{distribution}_min"):
+            if version is None or version < Version(marker.args[0]):
+                return False
+        for marker in item.iter_markers(f"{distribution}_below"):
+            if version is None or version >= Version(marker.args[0]):
+                return False
     return True
 
 
@@ -170,10 +165,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     for item in items:
         if item.get_closest_marker("e2e") is not None and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
-    installed = installed_diffusers()
+    installed = {distribution: installed_version(distribution) for distribution in VERSIONED}
     kept, deselected = [], []
     for item in items:
-        (kept if _in_diffusers_range(item, installed) else deselected).append(item)
+        (kept if _in_version_range(item, installed) else deselected).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept

@@ -3,8 +3,8 @@
 version computes (0.11's ``CrossAttention``, 0.12-0.14's processors, ``AttentionBlock``) and is undone exactly, and no
 message tells the user to install a newer diffusers.
 
-These tests run under every diffusers of the compatibility matrix (.ci/compat: 0.11.1 and 0.14.0, and the newest
-in the main suite); those about one layout carry ``diffusers_min`` / ``diffusers_below`` and are deselected under
+These tests run under every diffusers of CI's lanes (.ci/run: 0.11.1 and 0.14.0 in the oldest lanes, and the
+newest and the locked set in the main suite); those about one layout carry ``diffusers_min`` / ``diffusers_below`` and are deselected under
 the others. The models are our own tiny ones (:mod:`tests.fixtures.old_diffusers`), built from configs in each
 version's own API; "reference" is the same model with diffusers' own attention, in float64.
 """

@@ -56,7 +56,7 @@ KERNEL = {"sdpa": "sdpa", "chunked": "chunked", "vanilla": "math"}
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 4e-2}
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "legacy_attention_memory.py"
 #: Tests on today's ``Attention`` and the ``tiny`` models (built with the API of the diffusers extra's floor); the
-#: rest also run under the old diffusers of the compatibility matrix (.ci/compat).
+#: rest also run under the old diffusers of CI's oldest lanes (.ci/run: oldest-0.11, oldest-0.14).
 NEW_DIFFUSERS = pytest.mark.diffusers_min("0.27")
 try:
     from diffusers.models.attention_processor import Attention

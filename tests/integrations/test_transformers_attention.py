@@ -26,13 +26,17 @@ from npu_port.strategy.spec import Strategy
 from npu_port.upstream import UpstreamDeclinedWarning, forget_declines
 from npu_port.upstream import transformers as upstream
 from tests.infer.conftest import _module_cache, model_cache  # noqa: F401  (the tiny pipelines, built once)
+from tests.versions import at_least
 
+#: Every test here runs T5 / UMT5 through transformers' AttentionInterface (and its sdpa's position-bias mask), which
+#: they use from transformers 5.15.0 on; the oldest lanes deselect the file (and it must import there to be read).
+TRANSFORMERS_MIN = "5.15.0"
+pytestmark = pytest.mark.transformers_min(TRANSFORMERS_MIN)
 transformers = pytest.importorskip("transformers")
-if not upstream.ADAPTER.has("AttentionInterface"):  # transformers < 4.50: the decline is tested in tests/upstream
-    pytest.skip("this transformers has no AttentionInterface: nothing is routed", allow_module_level=True)
 
-from npu_port.integrations.diffusers.tiny_flux import tiny_t5_encoder  # noqa: E402
-from npu_port.integrations.diffusers.tiny_text2image import tiny_clip_text_encoder  # noqa: E402
+if at_least("transformers", TRANSFORMERS_MIN):
+    from npu_port.integrations.diffusers.tiny_flux import tiny_t5_encoder
+    from npu_port.integrations.diffusers.tiny_text2image import tiny_clip_text_encoder
 
 ENCODERS = {
     "clip": lambda: tiny_clip_text_encoder(100, 99, 98),

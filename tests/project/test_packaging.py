@@ -55,6 +55,7 @@ def test_wheel_contains_every_module_and_the_strategies_package(tmp_path):
     expected = {str(p.relative_to(ROOT)) for p in (ROOT / "npu_port").rglob("*.py")}
     assert expected <= names
     assert "npu_port/strategies/__init__.py" in names
+    assert "npu_port/support_tested.json" in names  # what the CI lanes last ran, for npu-port doctor
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "npu-port = npu_port.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
@@ -98,6 +99,46 @@ def test_the_extras_table_for_hints_matches_setup_cfg():
     assert EXTRAS == declared
 
 
+def _setup_cfg_requirements():
+    """``{where: [Requirement]}`` for install_requires and every extra of setup.cfg."""
+    from packaging.requirements import Requirement
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    found = {"install_requires": [Requirement(r) for r in config["options"]["install_requires"].split()]}
+    for extra, value in config["options.extras_require"].items():
+        found[extra] = [Requirement(r) for r in value.split()]
+    return found
+
+
+def test_setup_cfg_states_the_support_policys_lower_bounds_and_never_a_cap():
+    """Each requirement of a library with a support policy is exactly ``>=`` its minimum, wherever setup.cfg names
+    it (the extras of its policy entry and ``dev`` alike); nothing anywhere is capped or pinned."""
+    from npu_port.support import POLICY, supported
+
+    requirements = _setup_cfg_requirements()
+    for where, listed in requirements.items():
+        for requirement in listed:
+            operators = {spec.operator for spec in requirement.specifier}
+            assert operators <= {">="}, f"{where}: {requirement} is capped or pinned; state a lower bound only"
+    for entry in POLICY:
+        for extra in entry.extras:
+            assert entry.package in {r.name for r in requirements[extra]}, (
+                f"extra {extra!r} must require {entry.package}"
+            )
+    named = [
+        (where, r) for where, listed in requirements.items() for r in listed if r.name in {e.package for e in POLICY}
+    ]
+    assert {r.name for _, r in named} >= {"torch", "diffusers", "transformers", "gradio"}
+    for where, requirement in named:
+        assert str(requirement.specifier) == f">={supported(requirement.name).minimum}", (
+            f"{where}: {requirement}; npu_port/support.py's minimum is {supported(requirement.name).minimum}"
+        )
+    assert {str(r) for r in requirements["dev"] if r.name in ("diffusers", "transformers", "gradio")} == {
+        supported(name).requirement for name in ("diffusers", "transformers", "gradio")
+    }
+
+
 class _Distribution:
     def __init__(self, direct_url):
         self.direct_url = direct_url
@@ -131,32 +172,32 @@ def _hint_with(monkeypatch, direct_url, *, installed=True, checkout=None):
 def test_hint_for_an_editable_checkout_names_the_checkout(monkeypatch, tmp_path):
     url = {"url": (tmp_path / "my checkout").as_uri(), "dir_info": {"editable": True}}
     assert (
-        _hint_with(monkeypatch, url) == f'pip install -e "{tmp_path}/my checkout[demo]" (or: pip install "gradio>=5")'
+        _hint_with(monkeypatch, url) == f'pip install -e "{tmp_path}/my checkout[demo]" (or: pip install "gradio>=5.0")'
     )
 
 
 def test_hint_for_a_plain_install_from_a_folder_has_no_dash_e(monkeypatch, tmp_path):
     url = {"url": tmp_path.as_uri(), "dir_info": {}}
-    assert _hint_with(monkeypatch, url) == f'pip install "{tmp_path}[demo]" (or: pip install "gradio>=5")'
+    assert _hint_with(monkeypatch, url) == f'pip install "{tmp_path}[demo]" (or: pip install "gradio>=5.0")'
 
 
 def test_hint_for_a_checkout_inside_the_working_directory_is_relative(monkeypatch, tmp_path):
     (tmp_path / "npu-port").mkdir()
     monkeypatch.chdir(tmp_path)
     url = {"url": (tmp_path / "npu-port").as_uri(), "dir_info": {"editable": True}}
-    assert _hint_with(monkeypatch, url) == 'pip install -e "npu-port[demo]" (or: pip install "gradio>=5")'
+    assert _hint_with(monkeypatch, url) == 'pip install -e "npu-port[demo]" (or: pip install "gradio>=5.0")'
 
 
 def test_hint_for_a_wheel_of_unknown_origin_names_the_packages_only(monkeypatch):
-    assert _hint_with(monkeypatch, None) == 'pip install "gradio>=5"'
+    assert _hint_with(monkeypatch, None) == 'pip install "gradio>=5.0"'
     assert _hint_with(
         monkeypatch, {"url": "https://example.org/npu_port-0.1-py3-none-any.whl", "archive_info": {}}
-    ) == ('pip install "gradio>=5"')
+    ) == ('pip install "gradio>=5.0"')
 
 
 def test_hint_for_a_source_tree_on_sys_path_names_that_tree(monkeypatch):
     monkeypatch.chdir(ROOT)
-    expected = 'pip install -e ".[demo]" (or: pip install "gradio>=5")'
+    expected = 'pip install -e ".[demo]" (or: pip install "gradio>=5.0")'
     assert _hint_with(monkeypatch, None, installed=False, checkout=ROOT) == expected
     # the checkout's npu_port.egg-info, first on sys.path when the working directory is, has no direct_url.json
     assert _hint_with(monkeypatch, None, installed=True, checkout=ROOT) == expected

@@ -253,8 +253,12 @@ def tiny_dit_pipeline(seed: int = 0, save_dir: Optional[str] = None):
 
 
 def run_tiny_pipeline(pipe, steps: int = 2, seed: int = 0) -> torch.Tensor:
-    """Two DDIM steps for classes 1 and 3 with classifier-free guidance; the decoded images as a tensor."""
+    """Two DDIM steps for classes 1 and 3 with classifier-free guidance; the decoded images as a ``(B, C, H, W)``
+    tensor (DiTPipeline before diffusers 0.41 ignores ``output_type="pt"`` and returns ``(B, H, W, C)`` numpy)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         out = pipe(class_labels=[1, 3], num_inference_steps=steps, generator=generator, output_type="pt")
-    return out.images
+    images = out.images
+    if not isinstance(images, torch.Tensor):
+        images = torch.from_numpy(images).permute(0, 3, 1, 2)
+    return images
