@@ -36,9 +36,9 @@ declare -A TESTS=(
   [oldest-0.11]="$OLD_DIFFUSERS_TESTS"
   [oldest-0.14]="$OLD_DIFFUSERS_TESTS"
   [oldest-dispatch]="tests/integrations/test_diffusers_integration.py tests/integrations/test_text_encoder_pipeline.py \
-tests/strategy/test_handle_restore_order.py tests/strategy/test_strategy_runtime.py"
+tests/strategy/test_handle_restore_order.py tests/strategy/test_strategy_runtime.py tests/upstream"
   [oldest-cp]="tests/parallel/test_context_parallel.py tests/parallel/test_backend.py \
-tests/integrations/test_transformers_attention.py tests/integrations/test_text_encoder_pipeline.py"
+tests/integrations/test_transformers_attention.py tests/integrations/test_text_encoder_pipeline.py tests/upstream"
 )
 # A pytest -m expression for a lane's tests (none: every test the version markers keep).
 declare -A MARKERS=(

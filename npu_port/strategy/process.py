@@ -45,8 +45,9 @@ class ProcessState:
     def _set_diffusers_backend(self, value: Optional[str]) -> Optional[str]:
         """Make diffusers' active backend ``value`` (None = the original) when diffusers is imported; a note when it
         could not be done (diffusers refused the backend). Missing dispatcher pieces decline: kept in
-        ``self.declined`` (the handle reports it) and warned about once, the registry left as it is."""
-        if not dispatch.loaded():
+        ``self.declined`` (the handle reports it) and warned about once, the registry left as it is. A release older
+        than the dispatcher has no backend to choose: nothing to do, nothing to warn about."""
+        if not dispatch.loaded() or not dispatch.in_this_release():
             return None
         if value is None:
             if self.original_backend is not _UNSET and dispatch.decline_process_wide() is None:

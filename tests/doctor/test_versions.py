@@ -9,6 +9,10 @@ from npu_port import support
 from npu_port.doctor import checks_versions, integration_probe
 from npu_port.doctor.facts import Facts
 from npu_port.doctor.probes import ProbeOutcome
+from tests.versions import at_least
+
+#: The oldest transformers whose CLIP text encoder npu-port routes (the probe's encoder is a CLIP).
+CLIP_ROUTED = support.BY_PACKAGE["transformers"].features["CLIP text encoders routed (AttentionInterface)"]
 
 RECORD = {
     "lanes": [
@@ -103,7 +107,7 @@ def test_probe_outcomes_become_ok_warn_error_and_info():
 
 def test_missing_pieces_warn_only_where_the_policy_claims_the_feature():
     feature = "text encoders routed (transformers AttentionInterface)"
-    assert support.BY_PACKAGE["transformers"].features[feature] == "4.50.0"
+    assert support.BY_PACKAGE["transformers"].features[feature] == "4.51.0"
     old = {"version": "4.30.2", "features": {feature: "no AttentionInterface"}}
     new = {"version": "5.30.0", "features": {feature: "no AttentionInterface"}}
     assert _integrations({"probes": {}, "capabilities": {"transformers": old}})["pieces-transformers"].status == "info"
@@ -121,14 +125,11 @@ def test_a_probe_that_could_not_run_is_an_error():
     )
 
 
+@pytest.mark.transformers_min(CLIP_ROUTED)  # before it, the integration declines: nothing runs to break
 def test_a_broken_integration_makes_the_probe_say_error(monkeypatch):
     """The doctor is never green while the main job is broken: an integration that raises in a forward is an error."""
     pytest.importorskip("transformers")
     from npu_port.integrations import transformers_attention
-    from npu_port.upstream import transformers as upstream
-
-    if not upstream.ADAPTER.has("AttentionInterface"):
-        pytest.skip("this transformers has no AttentionInterface: the integration declines, nothing runs to break")
 
     def broken(*args, **kwargs):
         raise AttributeError("module 'transformers.integrations.sdpa_attention' has no attribute 'PagedAttentionCache'")
@@ -147,12 +148,12 @@ def test_the_probe_routes_both_libraries_here_or_says_why_not():
     from npu_port.upstream import transformers as upstream
 
     data = integration_probe.probe()
-    routes = upstream.ADAPTER.has("AttentionInterface")  # 4.50 onwards
+    routes = at_least("transformers", CLIP_ROUTED)  # the probe's encoder is a CLIP
     expected = {"transformers": "routes" if routes else "declines", "diffusers": "routes"}
     assert {name: r["status"] for name, r in data["probes"].items()} == expected
     text = data["capabilities"]["transformers"]["features"][upstream.TEXT_ENCODERS]
-    assert (text is None) == routes
-    if not routes:
+    assert (text is None) == upstream.ADAPTER.has("AttentionInterface")
+    if text is not None:
         assert data["probes"]["transformers"]["detail"].startswith(
-            f"{upstream.TEXT_ENCODERS}: transformers {upstream.ADAPTER.version()} has no AttentionInterface"
+            f"CLIPTextModel: transformers {upstream.ADAPTER.version()} has no AttentionInterface"
         )

@@ -381,6 +381,24 @@ def test_a_strategy_on_a_pipeline_routes_its_legacy_attention_inside_it_only():
     assert active_patches() == []
 
 
+@pytest.mark.diffusers_below("0.35")
+def test_a_process_wide_strategy_before_the_dispatcher_declines_nothing():
+    """A release older than diffusers' attention dispatcher has no backend to choose: its absence is by design, so a
+    process-wide strategy says nothing about it (no warning, no decline in the report)."""
+    import warnings
+
+    import diffusers  # noqa: F401  (the dispatcher's backend is chosen only once diffusers is imported)
+
+    from npu_port.upstream import UpstreamDeclinedWarning, declines, forget_declines
+
+    forget_declines()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UpstreamDeclinedWarning)
+        with npu_port.attention_strategy("sdpa") as handle:
+            report = handle.report()
+    assert report["declines"] == [] and declines() == []
+
+
 # ---- diffusers' xformers switch, whatever the version ---------------------------------------------------------------
 
 

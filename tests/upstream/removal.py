@@ -16,7 +16,31 @@ import sys
 import warnings
 from typing import Any, List
 
+import pytest
+
 from npu_port.upstream import Adapter, UpstreamDeclinedWarning
+
+
+def with_every_piece(adapter: Adapter, features: Any) -> Any:
+    """The version marker of a removal module: its tests take pieces away from a release that has them all, so they
+    run from the newest ``since`` among the pieces of ``features`` on and are deselected under older releases (there
+    the pieces are missing already: the declines are tested by the integration's own tests)."""
+    from packaging.version import Version
+
+    since = max((p.since for p in adapter.pieces() if p.feature in features and p.since), key=Version)
+    return getattr(pytest.mark, f"{adapter.library}_min")(since)
+
+
+def in_era(name: str) -> Any:
+    """``name`` as a parameter carrying the version markers of its era in diffusers (``attention.ERAS``): a release
+    outside it is meant not to have the piece, so the test is deselected there (conftest), not skipped."""
+    from npu_port.upstream.diffusers.attention import ERAS
+
+    since, until = ERAS[name]
+    marks = [pytest.mark.diffusers_min(since)]
+    if until is not None:
+        marks.append(pytest.mark.diffusers_below(until))
+    return pytest.param(name, marks=marks, id=name)
 
 
 def remove(monkeypatch: Any, adapter: Adapter, name: str) -> None:

@@ -20,18 +20,21 @@ import torch
 import npu_port
 from npu_port.upstream import UpstreamDeclinedWarning, UpstreamMissingError
 from npu_port.upstream.diffusers import ADAPTER, dispatch
+from tests.versions import at_least
 
 from .diffusers_scenarios import load_tiny, run_plain
-from .removal import one_decline, remove
+from .removal import one_decline, remove, with_every_piece
 
 pytest.importorskip("diffusers")
-from diffusers.models import attention_dispatch  # noqa: E402
 
 FEATURES = (dispatch.DISPATCHER, dispatch.BACKEND)
+pytestmark = with_every_piece(ADAPTER, FEATURES)
+if at_least("diffusers", pytestmark.args[0]):  # the module must import under older releases to be deselected
+    from diffusers.models import attention_dispatch
 DISPATCHER_PIECES = [p.name for p in ADAPTER.pieces() if p.feature == dispatch.DISPATCHER]
 BACKEND_PIECES = list(dispatch.BACKEND_PIECES)
 #: The registry, kept before a test takes its name away (diffusers' own code needs it to run a dispatcher model).
-REGISTRY = attention_dispatch._AttentionBackendRegistry
+REGISTRY = attention_dispatch._AttentionBackendRegistry if at_least("diffusers", pytestmark.args[0]) else None
 #: Which tiny pipeline shows the image: Flux's processors call the dispatcher, which needs its registry — a release
 #: without that name has its registry elsewhere, but here taking the name away breaks diffusers' own Flux too, so
 #: that piece is shown on the UNet pipeline (whose processors call torch's SDPA).

@@ -22,11 +22,12 @@ from npu_port.upstream.diffusers import ADAPTER, ops
 
 from ..emulators import torch_npu_emulator
 from ..fakes import mindiesd_fake
-from .removal import one_decline, remove
+from .removal import one_decline, remove, with_every_piece
 
 pytest.importorskip("diffusers")
 
 FEATURES = tuple(ops.NEEDS)
+pytestmark = with_every_piece(ADAPTER, FEATURES)
 #: piece -> (op, tiny model) of its scenario.
 SCENARIO = {
     "RMSNorm": ("rms_norm", "sd3-rms"),

@@ -24,7 +24,7 @@ from npu_port.upstream.diffusers import ADAPTER, dispatch
 from npu_port.upstream.diffusers import parallel as upstream
 
 from .diffusers_scenarios import load_tiny, pixels
-from .removal import one_decline, remove
+from .removal import one_decline, remove, with_every_piece
 
 pytest.importorskip("diffusers")
 
@@ -35,6 +35,7 @@ FEATURES = (
     upstream.CACHE_CONTEXT,
     upstream.PLANNED_MODELS,
 )
+pytestmark = with_every_piece(ADAPTER, FEATURES)
 HOOK_PIECES = list(upstream.HOOK_PIECES)
 SPLIT_PIECES = list(upstream.CONTEXT_PARALLEL_PIECES)
 CONTEXT_PIECES = list(upstream.CACHE_CONTEXT_PIECES)

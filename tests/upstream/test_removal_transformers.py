@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import npu_port
+from npu_port import support
 from npu_port.upstream import transformers as upstream
 
 from .removal import one_decline, remove
@@ -21,10 +22,11 @@ pytest.importorskip("diffusers")
 FEATURES = (upstream.TEXT_ENCODERS, upstream.LOGGING)
 TEXT_PIECES = [p.name for p in upstream.ADAPTER.pieces() if p.feature == upstream.TEXT_ENCODERS]
 LOGGING_PIECES = [p.name for p in upstream.ADAPTER.pieces() if p.feature == upstream.LOGGING]
-#: Under a transformers that lacks the pieces already (4.25-4.49), there is nothing to take away: the decline itself
-#: is tested there by tests/integrations/test_text_encoder_compat.py.
-needs_pieces = pytest.mark.skipif(
-    not upstream.ADAPTER.has(*TEXT_PIECES), reason="this transformers has no AttentionInterface: nothing to remove"
+#: The oldest transformers whose CLIP computes through the AttentionInterface (npu_port/support.py): an older one
+#: lacks the pieces already, so there is nothing to take away (the decline itself is tested there by
+#: tests/integrations/test_text_encoder_pipeline.py), and conftest deselects these tests.
+needs_pieces = pytest.mark.transformers_min(
+    support.BY_PACKAGE["transformers"].features["CLIP text encoders routed (AttentionInterface)"]
 )
 
 

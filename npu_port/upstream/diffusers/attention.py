@@ -307,6 +307,13 @@ def _installed() -> Tuple[int, ...]:
     return _release(_adapter().version())
 
 
+def released_by(version: str) -> bool:
+    """Whether the installed diffusers is release ``version`` or a later one; True when its version cannot be read
+    (then every piece is expected)."""
+    installed = _installed()
+    return not installed or installed >= _release(version)
+
+
 def expected(*names: str) -> List[str]:
     """The pieces among ``names`` that the installed diffusers should have (its release is within their era); all of
     them when the version cannot be read."""

@@ -34,6 +34,8 @@ BACKEND = "npu-port backend in diffusers' attention dispatcher (context parallel
 DISPATCH_MODULE = "diffusers.models.attention_dispatch"
 
 DISPATCHER_PIECES = ("AttentionBackendName", "_AttentionBackendRegistry", "_check_attention_backend_requirements")
+#: The first diffusers release with the dispatcher (``dispatch_attention_fn`` and its backend registry).
+DISPATCHER_SINCE = "0.35"
 BACKEND_PIECES = ("AttentionBackendName", "_AttentionBackendRegistry", "backend tables")
 
 #: The registry's tables a backend has an entry in (each a dict keyed by the enum member).
@@ -92,21 +94,21 @@ PIECES = (
         ),
         check=_str_enum,
         public=True,
-        since="0.35",
+        since=DISPATCHER_SINCE,
     ),
     Piece(
         "_AttentionBackendRegistry",
         DISPATCHER,
         where=(f"{DISPATCH_MODULE}:_AttentionBackendRegistry",),
         check=_has_active_backend,
-        since="0.35",
+        since=DISPATCHER_SINCE,
     ),
     Piece(
         "_check_attention_backend_requirements",
         DISPATCHER,
         where=(f"{DISPATCH_MODULE}:_check_attention_backend_requirements",),
         check=lambda f: None if callable(f) else "not callable",
-        since="0.35",
+        since=DISPATCHER_SINCE,
     ),
     Piece("backend tables", BACKEND, derive=_backend_tables, since="0.36"),
 )
@@ -125,6 +127,14 @@ def loaded() -> bool:
     """Whether diffusers is imported in this process (asked without importing it): only then is its dispatcher's
     backend chosen at run time; otherwise diffusers reads ``DIFFUSERS_ATTN_BACKEND`` when it is imported."""
     return _adapter().imported()
+
+
+def in_this_release() -> bool:
+    """Whether the installed diffusers is a release with the dispatcher (0.35 on): before it no process-wide backend
+    exists to choose, and its absence is by design, not a decline."""
+    from .attention import released_by
+
+    return released_by(DISPATCHER_SINCE)
 
 
 def decline_process_wide() -> Any:
