@@ -99,7 +99,11 @@ def test_a_strategy_on_a_text_to_image_pipeline_runs_it_and_restores_it_exactly(
         assert text_model["routed"] is True and _declined(caught) == [] and report["declines"] == []
     else:
         assert "text_encoder" not in by_module, by_module
-        assert text_model["routed"] is False and text_model["reason"] and f"(not routed: {text_model['reason']})" in explained
+        assert (
+            text_model["routed"] is False
+            and text_model["reason"]
+            and f"(not routed: {text_model['reason']})" in explained
+        )
     if not at_least("transformers", INTERFACE_FROM):  # no interface at all: one warning, and the report says it
         version = npu_port.upstream.transformers.ADAPTER.version()
         (message,) = _declined(caught)

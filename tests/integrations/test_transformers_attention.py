@@ -24,7 +24,6 @@ from npu_port.integrations.diffusers.routing import Route
 from npu_port.reasons import Reason
 from npu_port.strategy.spec import Strategy
 from npu_port.upstream import UpstreamDeclinedWarning, forget_declines
-from npu_port.upstream import transformers as upstream
 from tests.infer.conftest import _module_cache, model_cache  # noqa: F401  (the tiny pipelines, built once)
 from tests.versions import at_least
 
