@@ -219,9 +219,10 @@ class StrategyRouter:
             if decision is None:
                 decision = self._decide(call, bucket)
             kernel = self._kernel_named(decision.kernel, call)
-            if decision.source == UNMEASURED:
+            if decision.source == UNMEASURED and not decision.provisional:
                 self.unmeasured = decision  # shown by explain(); the bucket is measured on its next call
                 return kernel, False
+            # (an unmeasured call that needs gradients keeps its pick, provisionally: see measure._unmeasured)
             self.decisions[bucket] = decision
             self._chosen[signature] = kernel
         return kernel, True
@@ -369,7 +370,13 @@ class StrategyRouter:
             if runner is not None:
                 if len(self._prepared) >= MAX_PREPARED:  # shapes that never repeat (growing sequences): start over
                     self._prepared.clear()
-                self._prepared[signature] = (_held_to_contract(runner, kernel, call), kernel.name)
+                prepared = _held_to_contract(runner, kernel, call)
+                self._prepared[signature] = (prepared, kernel.name)
+                # This call runs what every later call of its signature runs: the same ops, the same tensors saved
+                # for backward. Gradient checkpointing runs a call twice (the forward, then its recompute in the
+                # backward, which may be the first call of its signature or not, before or after the table started
+                # over) and torch compares what the two saved: one path per signature makes them equal.
+                return prepared(query, key, value)
         return run_call(call, kernel)
 
     def attention_lse(
