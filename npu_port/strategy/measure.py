@@ -136,7 +136,12 @@ UNMEASURED = "unmeasured"
 
 
 def _unmeasured(
-    call: AttentionCall, bucket: str, runnable: List[Kernel], results: List[CandidateResult], started: float
+    call: AttentionCall,
+    bucket: str,
+    runnable: List[Kernel],
+    results: List[CandidateResult],
+    started: float,
+    needs_grad: bool,
 ) -> Decision:
     """The first candidate that can run ``call``: with NaN or inf in its inputs the math kernel's answer is not
     finite, no output can be checked against it, and timings on it would say nothing. The output still holds the NaN
@@ -145,8 +150,9 @@ def _unmeasured(
     For this call only, and the next call of the bucket is measured — unless the call needs gradients: autograd may
     run it again (gradient checkpointing recomputes a forward in the backward, after later calls could have measured
     the bucket), and a recompute must run the kernel its forward ran. Then the pick is kept for the bucket, marked
-    provisional: this process keeps it, the disk cache never gets it, and the next process measures the bucket."""
-    if call.needs_grad:
+    provisional: this process keeps it, the disk cache never gets it, and the next process measures the bucket.
+    (``needs_grad`` is the call's, read before measuring turned autograd off.)"""
+    if needs_grad:
         then = (
             "kept for this shape in this process, since autograd may recompute the call (gradient checkpointing) and "
             "a recompute must run the kernel its forward ran; the next process measures it"
@@ -167,13 +173,23 @@ def _unmeasured(
         candidates=picked + rest + results,
         probe_seconds=time.perf_counter() - started,
         source=UNMEASURED,
-        provisional=call.needs_grad,
+        provisional=needs_grad,
         why=(
             "NaN or inf in the inputs left nothing to measure; kept, as autograd may recompute this call"
-            if call.needs_grad
+            if needs_grad
             else ""
         ),
     )
+
+
+def _inputs_finite(call: AttentionCall) -> bool:
+    """No NaN or inf in the query, key or value, and no NaN or +inf in the float mask (-inf there masks). The parity
+    slice sees one batch entry and a few heads and rows; a NaN elsewhere would make every candidate's first run on
+    the real inputs fail its NaN check, and the call would be refused instead of run."""
+    if not all(bool(torch.isfinite(t).all()) for t in (call.query, call.key, call.value)):
+        return False
+    bias = call.mask.bias if call.mask is not None else None
+    return bias is None or not bool((torch.isnan(bias) | torch.isposinf(bias)).any())
 
 
 def _time_once(kernel: Kernel, call: AttentionCall) -> Tuple[Tensor, float]:
@@ -297,6 +313,7 @@ def measure(
     """Decide the kernel for ``call``'s bucket by measuring ``candidates`` (see the module docstring)."""
     started = time.perf_counter()
     deadline = started + probe_seconds
+    needs_grad = call.needs_grad  # (measuring runs without autograd)
     results: List[CandidateResult] = []
     runnable: List[Kernel] = []
     for kernel in candidates:
@@ -325,8 +342,8 @@ def measure(
         sliced = parity_slice(call, parity_rows)
         reference = reference_output(sliced)
         reference_finite = bool(torch.isfinite(reference).all())
-        if not reference_finite:  # NaN / inf came in: nothing can be checked, so nothing is decided on this call
-            return _unmeasured(call, bucket, runnable, results, started)
+        if not (reference_finite and _inputs_finite(call)):  # NaN / inf came in: nothing can be checked, so
+            return _unmeasured(call, bucket, runnable, results, started, needs_grad)  # nothing decided on this call
         survivors: List[Tuple[Kernel, CandidateResult]] = []
         first: Dict[str, float] = {}  # each survivor's first run on the real inputs (seconds)
         for kernel in runnable:  # parity on the slice, then one run (NaN check, first time) on the real inputs

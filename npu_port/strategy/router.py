@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 import torch
@@ -104,6 +105,24 @@ def _held_to_contract(runner: Callable[..., Tensor], kernel: Kernel, call: Atten
     return run
 
 
+def _chosen_as_training(call: AttentionCall) -> bool:
+    """Whether ``call`` is chosen for as the training call it may be: one with dropout that autograd does not track.
+
+    Under reentrant gradient checkpointing (``use_reentrant=True``, transformers' and older code's default) the
+    forward runs without autograd and its recompute in the backward with it: two calls of two buckets, which a
+    strategy could send to two kernels. Without dropout two kernels differ by rounding; with dropout each draws its
+    own mask from the restored random state, and the gradients would be those of another function than the forward
+    computed. So a dropout call is always chosen for as one that needs gradients (the kernel then serves both). A
+    dropout call at inference is rare, and takes a kernel with a backward the same way."""
+    return call.dropout_p > 0 and not call.needs_grad
+
+
+def _training_twin(call: AttentionCall) -> AttentionCall:
+    """``call`` with a query autograd would track (no copy: a detached view that requires grad), for choosing only;
+    read with grad mode on."""
+    return replace(call, query=call.query.detach().requires_grad_())
+
+
 class StrategyRouter:
     """Picks and runs kernels for one applied strategy; keeps every decision for ``explain()``."""
 
@@ -193,11 +212,17 @@ class StrategyRouter:
 
     def bucket(self, call: AttentionCall) -> str:
         """The bucket ``call`` falls in for this router (its decisions are kept by it)."""
+        if _chosen_as_training(call):
+            with torch.enable_grad():
+                return self.bucket(_training_twin(call))
         return bucket_key(call, self._pure(call))
 
     def _select(self, call: AttentionCall) -> Tuple[Kernel, bool]:
         """The kernel for ``call``, and whether it is settled for the bucket (False for a call auto could not
-        measure: NaN or inf in its inputs — used for that call only)."""
+        measure: NaN or inf in its inputs, and no gradients wanted — used for that call only)."""
+        if _chosen_as_training(call):
+            with torch.enable_grad():
+                return self._select(_training_twin(call))
         pure = self._pure(call)
         signature = bucket_signature(call, pure)
         kernel = self._chosen.get(signature)
