@@ -93,9 +93,7 @@ def checkpointed_twin(model: torch.nn.Module, name: str, reentrant: bool = False
     twin.load_state_dict(model.state_dict())
     twin.train()
     if reentrant:
-        twin.enable_gradient_checkpointing(
-            lambda module, *args: checkpoint(module.__call__, *args, use_reentrant=True)
-        )
+        twin.enable_gradient_checkpointing(lambda module, *args: checkpoint(module.__call__, *args, use_reentrant=True))
     else:
         twin.enable_gradient_checkpointing()
     assert twin.is_gradient_checkpointing and twin.training

@@ -338,7 +338,9 @@ def test_chunked_cuts_a_grad_call_and_its_recompute_alike_when_free_memory_chang
     from npu_port.attn.kernels import chunked
 
     readings = [64 << 20, 4 << 20]  # plenty free at the forward, little in the backward (the last reading stays)
-    monkeypatch.setattr(chunked, "free_memory_bytes", lambda device: readings.pop(0) if len(readings) > 1 else readings[0])
+    monkeypatch.setattr(
+        chunked, "free_memory_bytes", lambda device: readings.pop(0) if len(readings) > 1 else readings[0]
+    )
     router = StrategyRouter(get_strategy("chunked"))
     monkeypatch.setattr(router.kernels[0], "_grad_budgets", {})  # (the default instance is shared by the process)
     gen = torch.Generator().manual_seed(0)
