@@ -60,7 +60,9 @@ def _may_hold_nan(*tensors: Optional[Tensor]) -> bool:
     """Whether any input may hold a NaN, read on the host: one reduction and one scalar read per tensor (a sum of
     ``amax`` values is NaN for a NaN anywhere, and for ``inf - inf``, when the exact check below decides). Scalar reads
     cost less than combining the reductions as tensors: this runs on every CPU call, whose work may be ~10 µs."""
-    return math.isnan(sum(_data(t).amax().item() for t in tensors if t is not None and t.numel()))
+    return math.isnan(  # (_data inlined: this runs on every CPU call of the full path)
+        sum((t.detach() if t.requires_grad else t).amax().item() for t in tensors if t is not None and t.numel())
+    )
 
 
 def _nan_along(tensor: Tensor, dims: Tuple[int, ...], keepdim: bool = False) -> Tensor:
@@ -99,7 +101,9 @@ def finish_output(out: Tensor, call: AttentionCall) -> Tensor:
     return _finish(out, call.query, call.key, call.value, bias, lambda: rows_with_keys(call))
 
 
-def finish_unmasked(out: Tensor, query: Tensor, key: Tensor, value: Tensor, *, zeros_hide_nan: bool = False) -> Tensor:
+def finish_unmasked(
+    out: Tensor, query: Tensor, key: Tensor, value: Tensor, *, zeros_hide_nan: bool = False, tracked: bool = False
+) -> Tensor:
     """:func:`finish_output` for an unmasked 4-D call, from the tensors alone (the router's prepared fast path).
 
     ``zeros_hide_nan``: the kernel is one whose backend, where it loses a NaN, writes a row of zeros in its place
@@ -107,17 +111,21 @@ def finish_unmasked(out: Tensor, query: Tensor, key: Tensor, value: Tensor, *, z
     over one contiguous tensor instead of one over each of three (often strided) inputs: the fast path serves small
     calls whose whole work is ~10 µs, and those screens were a few percent of a tiny pipeline. An output with a NaN,
     or with a row that sums to exactly zero (the hidden-NaN mark, or rarely a real one), goes on to the full check.
+
+    ``tracked``: autograd tracks the call (the router prepares a runner per signature, and the signature says so), so
+    the screen reads the output detached; an untracked call's output is read as it is, at no cost to the fast path.
     """
-    if zeros_hide_nan and out.device.type in CHECK_FIRST_ON and _output_is_clean(out):
+    if zeros_hide_nan and out.device.type in CHECK_FIRST_ON and _output_is_clean(out.detach() if tracked else out):
         return out
     return _finish(out, query, key, value, None, lambda: None)
 
 
 def _output_is_clean(out: Tensor) -> bool:
     """No NaN and no row summing to exactly zero: ``sum(1 / row_sums)`` is finite (a zero row gives ``inf``, a NaN
-    NaN; a row so small that its reciprocal overflows is a false alarm, which only costs the full check)."""
+    NaN; a row so small that its reciprocal overflows is a false alarm, which only costs the full check). ``out``
+    must not be tracked by autograd (the caller detaches it: see :func:`finish_unmasked`)."""
     accumulate = torch.float64 if out.dtype == torch.float64 else torch.float32
-    return math.isfinite(_data(out).sum(dim=-1, dtype=accumulate).reciprocal_().sum().item())
+    return math.isfinite(out.sum(dim=-1, dtype=accumulate).reciprocal_().sum().item())
 
 
 def _finish(

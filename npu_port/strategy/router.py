@@ -98,6 +98,13 @@ def _held_to_contract(runner: Callable[..., Tensor], kernel: Kernel, call: Atten
     The output alone may be screened only where the kernel loses a NaN as a row of zeros and nothing else: not under
     ``is_causal`` with fewer queries than keys, where keys past the last query are never read at all."""
     zeros_hide_nan = kernel.zeros_hide_nan and not (call.is_causal and call.q_len < call.key_len)
+    if call.needs_grad:  # (part of the signature: a runner serves tracked calls only, or untracked ones only)
+
+        def run_tracked(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+            out = runner(query, key, value)
+            return finish_unmasked(out, query, key, value, zeros_hide_nan=zeros_hide_nan, tracked=True)
+
+        return run_tracked
 
     def run(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
         return finish_unmasked(runner(query, key, value), query, key, value, zeros_hide_nan=zeros_hide_nan)
