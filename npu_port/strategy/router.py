@@ -115,12 +115,12 @@ def _held_to_contract(runner: Callable[..., Tensor], kernel: Kernel, call: Atten
 def _chosen_as_training(call: AttentionCall) -> bool:
     """Whether ``call`` is chosen for as the training call it may be: one with dropout that autograd does not track.
 
-    Under reentrant gradient checkpointing (``use_reentrant=True``, transformers' and older code's default) the
-    forward runs without autograd and its recompute in the backward with it: two calls of two buckets, which a
-    strategy could send to two kernels. Without dropout two kernels differ by rounding; with dropout each draws its
-    own mask from the restored random state, and the gradients would be those of another function than the forward
-    computed. So a dropout call is always chosen for as one that needs gradients (the kernel then serves both). A
-    dropout call at inference is rare, and takes a kernel with a backward the same way."""
+    Under reentrant gradient checkpointing (``use_reentrant=True``: torch's old default, still passed by much training
+    code) the forward runs without autograd and its recompute in the backward with it: two calls of two buckets,
+    which a strategy could send to two kernels. Without dropout two kernels differ by rounding; with dropout each
+    draws its own mask from the restored random state, and the gradients would be those of another function than the
+    forward computed. So a dropout call is always chosen for as one that needs gradients (the kernel then serves
+    both). A dropout call at inference is rare, and takes a kernel with a backward the same way."""
     return call.dropout_p > 0 and not call.needs_grad
 
 
