@@ -29,6 +29,7 @@ from .helpers import (
     synchronize,
 )
 from .memory import free_memory_bytes, host_memory_bytes
+from .rng import preserved_rng
 from .sync import device_name
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "max_memory_allocated",
     "mem_get_info",
     "memory_allocated",
+    "preserved_rng",
     "reset_peak_memory_stats",
     "synchronize",
 ]

@@ -8,7 +8,9 @@ NaN/inf or disagrees beyond the dtype's tolerance is rejected with the number re
 wrong, see pytorch#193893), runs each survivor once on the real inputs (a NaN check, and a first time), then times
 them in round-robin rounds (warm-up rounds first, order rotated so machine noise hits every candidate alike, device
 synchronised) and keeps, per candidate, the median and the middle half (first to third quartile) of its timed runs.
-Only the forward pass is timed. The probe budget bounds it: no new candidate is started once it is spent, and a round
+Only the forward pass is timed, without autograd, and the random state is put back afterwards (the candidates run
+with the call's dropout): measuring leaves nothing behind that the call, or its recompute under gradient
+checkpointing, could see. The probe budget bounds it: no new candidate is started once it is spent, and a round
 is started only if it is expected to fit. The first round is planned from the first runs, each capped at
 :data:`FIRST_RUN_CAP` times the fastest one (so one spike in a first run inflates the plan at most that much instead
 of cancelling every round); each later round from the elapsed time of the round before it. On calls of a second or
@@ -45,6 +47,7 @@ from ..attn.contract import finish_output
 from ..attn.kernels.base import Kernel
 from ..attn.masks import CanonicalMask
 from ..attn.registry import get_kernel
+from ..device.rng import preserved_rng
 from ..device.timing import Rounds, spread, timed
 from ..errors import NoKernelError
 from ..reasons import Reason
@@ -79,7 +82,9 @@ def _slice_mask(mask: Optional[CanonicalMask], heads: int, rows: int) -> Optiona
 
 
 def parity_slice(call: AttentionCall, rows: int) -> AttentionCall:
-    """A small call with the same form: batch 1, up to 2 key/value heads (their query heads), the first rows."""
+    """A small call with the same form: batch 1, up to 2 key/value heads (their query heads), the first rows; no
+    dropout (each run drops other elements, so no kernel would agree with the reference on a dropped call: parity is
+    checked on the attention itself, and the real-input run that follows keeps the call's dropout)."""
     kv_heads = min(call.kv_heads, 2)
     heads = kv_heads * call.group
     rows = min(call.q_len, rows)
@@ -92,6 +97,7 @@ def parity_slice(call: AttentionCall, rows: int) -> AttentionCall:
         key=k,
         value=v,
         mask=_slice_mask(call.mask, heads, rows),
+        dropout_p=0.0,
         output_shape=(1, heads, rows, call.value_dim),
     )
 
@@ -130,16 +136,33 @@ UNMEASURED = "unmeasured"
 
 
 def _unmeasured(
-    call: AttentionCall, bucket: str, runnable: List[Kernel], results: List[CandidateResult], started: float
+    call: AttentionCall,
+    bucket: str,
+    runnable: List[Kernel],
+    results: List[CandidateResult],
+    started: float,
+    needs_grad: bool,
 ) -> Decision:
-    """The first candidate that can run ``call``, for this call only: with NaN or inf in its inputs the math
-    kernel's answer is not finite, no output can be checked against it, and timings on it would say nothing. The
-    output still holds the NaN where SDPA's formula puts it (npu_port.attn.contract); the next call of the bucket
-    is measured."""
+    """The first candidate that can run ``call``: with NaN or inf in its inputs the math kernel's answer is not
+    finite, no output can be checked against it, and timings on it would say nothing. The output still holds the NaN
+    where SDPA's formula puts it (npu_port.attn.contract).
+
+    For this call only, and the next call of the bucket is measured — unless the call needs gradients: autograd may
+    run it again (gradient checkpointing recomputes a forward in the backward, after later calls could have measured
+    the bucket), and a recompute must run the kernel its forward ran. Then the pick is kept for the bucket, marked
+    provisional: this process keeps it, the disk cache never gets it, and the next process measures the bucket.
+    (``needs_grad`` is the call's, read before measuring turned autograd off.)"""
+    if needs_grad:
+        then = (
+            "kept for this shape in this process, since autograd may recompute the call (gradient checkpointing) and "
+            "a recompute must run the kernel its forward ran; the next process measures it"
+        )
+    else:
+        then = "the next call of this shape is measured"
     why = Reason(
         "unmeasured",
         "not measured: NaN or inf in query, key, value or mask, so no output can be checked against the math kernel; "
-        "this call runs on the first candidate that can run it, and the next call of this shape is measured",
+        f"this call runs on the first candidate that can run it, and {then}",
     )
     picked = [CandidateResult(runnable[0].name, PICKED, [why])]
     rest = [CandidateResult(kernel.name, SKIPPED, [why]) for kernel in runnable[1:]]
@@ -150,7 +173,23 @@ def _unmeasured(
         candidates=picked + rest + results,
         probe_seconds=time.perf_counter() - started,
         source=UNMEASURED,
+        provisional=needs_grad,
+        why=(
+            "NaN or inf in the inputs left nothing to measure; kept, as autograd may recompute this call"
+            if needs_grad
+            else ""
+        ),
     )
+
+
+def _inputs_finite(call: AttentionCall) -> bool:
+    """No NaN or inf in the query, key or value, and no NaN or +inf in the float mask (-inf there masks). The parity
+    slice sees one batch entry and a few heads and rows; a NaN elsewhere would make every candidate's first run on
+    the real inputs fail its NaN check, and the call would be refused instead of run."""
+    if not all(bool(torch.isfinite(t).all()) for t in (call.query, call.key, call.value)):
+        return False
+    bias = call.mask.bias if call.mask is not None else None
+    return bias is None or not bool((torch.isnan(bias) | torch.isposinf(bias)).any())
 
 
 def _time_once(kernel: Kernel, call: AttentionCall) -> Tuple[Tensor, float]:
@@ -274,6 +313,7 @@ def measure(
     """Decide the kernel for ``call``'s bucket by measuring ``candidates`` (see the module docstring)."""
     started = time.perf_counter()
     deadline = started + probe_seconds
+    needs_grad = call.needs_grad  # (measuring runs without autograd)
     results: List[CandidateResult] = []
     runnable: List[Kernel] = []
     for kernel in candidates:
@@ -295,12 +335,15 @@ def measure(
     if not runnable:
         raise NoKernelError(call.describe(), {r.kernel: r.reasons for r in results})
 
-    with torch.no_grad():
+    # Nothing of the measuring stays behind: no autograd graph, and no random numbers drawn (the candidates run with
+    # the call's dropout; the call itself, run after this, must draw what it would have drawn without the measuring,
+    # as its recompute under gradient checkpointing, which measures nothing, will)
+    with preserved_rng(call.device), torch.no_grad():
         sliced = parity_slice(call, parity_rows)
         reference = reference_output(sliced)
         reference_finite = bool(torch.isfinite(reference).all())
-        if not reference_finite:  # NaN / inf came in: nothing can be checked, so nothing is decided on this call
-            return _unmeasured(call, bucket, runnable, results, started)
+        if not (reference_finite and _inputs_finite(call)):  # NaN / inf came in: nothing can be checked, so
+            return _unmeasured(call, bucket, runnable, results, started, needs_grad)  # nothing decided on this call
         survivors: List[Tuple[Kernel, CandidateResult]] = []
         first: Dict[str, float] = {}  # each survivor's first run on the real inputs (seconds)
         for kernel in runnable:  # parity on the slice, then one run (NaN check, first time) on the real inputs
@@ -335,7 +378,7 @@ def measure(
             results.append(result)
         if len(survivors) == 1:  # nothing to compare: its first run's time is shown, and a huge call is not run again
             _record(survivors[0][1], [first[survivors[0][0].name]])
-        else:
+        elif survivors:  # (none: every candidate was rejected, which is said below)
             _time_round_robin(survivors, call, warmup, repeats, deadline, first)
     timed = [result for _, result in survivors if result.status == OK]  # in the strategy's order
     if not timed:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 import torch
@@ -97,11 +98,36 @@ def _held_to_contract(runner: Callable[..., Tensor], kernel: Kernel, call: Atten
     The output alone may be screened only where the kernel loses a NaN as a row of zeros and nothing else: not under
     ``is_causal`` with fewer queries than keys, where keys past the last query are never read at all."""
     zeros_hide_nan = kernel.zeros_hide_nan and not (call.is_causal and call.q_len < call.key_len)
+    if call.needs_grad:  # (part of the signature: a runner serves tracked calls only, or untracked ones only)
+
+        def run_tracked(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+            out = runner(query, key, value)
+            return finish_unmasked(out, query, key, value, zeros_hide_nan=zeros_hide_nan, tracked=True)
+
+        return run_tracked
 
     def run(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
         return finish_unmasked(runner(query, key, value), query, key, value, zeros_hide_nan=zeros_hide_nan)
 
     return run
+
+
+def _chosen_as_training(call: AttentionCall) -> bool:
+    """Whether ``call`` is chosen for as the training call it may be: one with dropout that autograd does not track.
+
+    Under reentrant gradient checkpointing (``use_reentrant=True``: torch's old default, still passed by much training
+    code) the forward runs without autograd and its recompute in the backward with it: two calls of two buckets,
+    which a strategy could send to two kernels. Without dropout two kernels differ by rounding; with dropout each
+    draws its own mask from the restored random state, and the gradients would be those of another function than the
+    forward computed. So a dropout call is always chosen for as one that needs gradients (the kernel then serves
+    both). A dropout call at inference is rare, and takes a kernel with a backward the same way."""
+    return call.dropout_p > 0 and not call.needs_grad
+
+
+def _training_twin(call: AttentionCall) -> AttentionCall:
+    """``call`` with a query autograd would track (no copy: a detached view that requires grad), for choosing only;
+    read with grad mode on."""
+    return replace(call, query=call.query.detach().requires_grad_())
 
 
 class StrategyRouter:
@@ -193,11 +219,17 @@ class StrategyRouter:
 
     def bucket(self, call: AttentionCall) -> str:
         """The bucket ``call`` falls in for this router (its decisions are kept by it)."""
+        if _chosen_as_training(call):
+            with torch.enable_grad():
+                return self.bucket(_training_twin(call))
         return bucket_key(call, self._pure(call))
 
     def _select(self, call: AttentionCall) -> Tuple[Kernel, bool]:
         """The kernel for ``call``, and whether it is settled for the bucket (False for a call auto could not
-        measure: NaN or inf in its inputs — used for that call only)."""
+        measure: NaN or inf in its inputs, and no gradients wanted — used for that call only)."""
+        if _chosen_as_training(call):
+            with torch.enable_grad():
+                return self._select(_training_twin(call))
         pure = self._pure(call)
         signature = bucket_signature(call, pure)
         kernel = self._chosen.get(signature)
@@ -219,9 +251,10 @@ class StrategyRouter:
             if decision is None:
                 decision = self._decide(call, bucket)
             kernel = self._kernel_named(decision.kernel, call)
-            if decision.source == UNMEASURED:
+            if decision.source == UNMEASURED and not decision.provisional:
                 self.unmeasured = decision  # shown by explain(); the bucket is measured on its next call
                 return kernel, False
+            # (an unmeasured call that needs gradients keeps its pick, provisionally: see measure._unmeasured)
             self.decisions[bucket] = decision
             self._chosen[signature] = kernel
         return kernel, True
@@ -369,7 +402,13 @@ class StrategyRouter:
             if runner is not None:
                 if len(self._prepared) >= MAX_PREPARED:  # shapes that never repeat (growing sequences): start over
                     self._prepared.clear()
-                self._prepared[signature] = (_held_to_contract(runner, kernel, call), kernel.name)
+                prepared = _held_to_contract(runner, kernel, call)
+                self._prepared[signature] = (prepared, kernel.name)
+                # This call runs what every later call of its signature runs: the same ops, the same tensors saved
+                # for backward. Gradient checkpointing runs a call twice (the forward, then its recompute in the
+                # backward, which may be the first call of its signature or not, before or after the table started
+                # over) and torch compares what the two saved: one path per signature makes them equal.
+                return prepared(query, key, value)
         return run_call(call, kernel)
 
     def attention_lse(

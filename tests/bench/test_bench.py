@@ -211,6 +211,8 @@ def test_a_kernel_that_fails_is_reported_and_sets_the_exit_code(monkeypatch, cap
         raise RuntimeError("device lost\nsecond line")
 
     monkeypatch.setattr(SdpaKernel, "run", broken)
+    # (a router runs an unmasked call's prepared runner from its first call on: that fails as the device would)
+    monkeypatch.setattr(SdpaKernel, "prepare", lambda self, call: lambda query, key, value: broken(self, call))
     assert main(["bench", "--shapes", TINY, "--strategies", "sdpa,vanilla", *FAST]) == 1
     out = capsys.readouterr().out
     sdpa = next(line for line in out.splitlines() if line.split()[1:2] == ["sdpa"])

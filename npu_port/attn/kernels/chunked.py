@@ -14,7 +14,7 @@ agree to rounding.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -129,11 +129,34 @@ class ChunkedKernel(Kernel):
         ),
     }
 
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        #: the default budget of calls that need gradients, per device: read once (see :meth:`budget`)
+        self._grad_budgets: Dict[torch.device, int] = {}
+
     # ---- planning -----------------------------------------------------------------------------------------------
+
+    def budget(self, call: AttentionCall) -> int:
+        """The working-memory budget ``call`` is cut for: ``max_bytes``, else :func:`default_budget`.
+
+        The default reads the free memory, which changes from call to call — and between a forward and its recompute:
+        under gradient checkpointing autograd runs a call again in the backward, when other tensors are alive, and the
+        recompute must cut the same blocks (each block is a checkpoint of its own, and torch compares what the forward
+        and the recompute saved). So for calls that need gradients the default is read once per device and kept by
+        this kernel instance: their blocks are then a function of the call's shape alone."""
+        given = self._options["max_bytes"]
+        if given:
+            return given
+        if not call.needs_grad:
+            return default_budget(call.device)
+        kept = self._grad_budgets.get(call.device)
+        if kept is None:
+            kept = self._grad_budgets.setdefault(call.device, default_budget(call.device))
+        return kept
 
     def plan(self, call: AttentionCall) -> Optional[ChunkPlan]:
         """The blocks for ``call``, or None when the budget cannot hold even one query against one key."""
-        budget = self._options["max_bytes"] or default_budget(call.device)
+        budget = self.budget(call)
         per_score = _bytes_per_score(call, self._options["upcast"])
         elements = budget // per_score
         q_len, key_len = max(call.q_len, 1), max(call.key_len, 1)
