@@ -64,6 +64,7 @@ BASES = {
 #: The key under which a test's npu-port summary travels in ``report.user_properties``.
 PROPERTY = "npu_port"
 MESSAGE_CHARS = 400
+SHIM_INSTALLED = "installed: dummy transformers.integrations.sdpa_attention.PagedAttentionCache"
 
 
 def first_line(text: str, limit: int = MESSAGE_CHARS) -> str:
@@ -103,8 +104,17 @@ def install_compat_shim() -> str:
         """Dummy put back by npu-port's upstream-test harness (--compat-shim); no cache is ever one."""
 
     module.PagedAttentionCache = PagedAttentionCache
-    module._npu_port_compat_shim = True
-    return "installed: dummy transformers.integrations.sdpa_attention.PagedAttentionCache"
+    return SHIM_INSTALLED
+
+
+def remove_compat_shim() -> None:
+    """Take the dummy back out (the plugin leaves transformers as it found it)."""
+    import sys
+
+    module = sys.modules.get("transformers.integrations.sdpa_attention")
+    shim = getattr(module, "PagedAttentionCache", None)
+    if shim is not None and getattr(shim, "__module__", None) == __name__:
+        del module.PagedAttentionCache
 
 
 class _Thread(threading.local):
@@ -394,6 +404,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     _check_strategy(settings.strategy)
     shim = install_compat_shim() if settings.compat_shim else "off"
+    _STATE["shim"] = shim
     hook = None
     if _runs_tests(config):
         hook = ModelHook(settings.strategy, settings.targets)
@@ -419,6 +430,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     hook = _STATE.pop("hook", None)
     if hook is not None:
         hook.uninstall()
+    if _STATE.get("shim") == SHIM_INSTALLED:
+        remove_compat_shim()
     _STATE.clear()
 
 
