@@ -208,3 +208,22 @@ def confirm_status(baseline_again: Optional[str], strategy_again: Optional[str])
 
 def group_by_cause(regressions: List[Dict[str, Any]]) -> List[Tuple[str, int]]:
     return Counter(r["cause"] for r in regressions).most_common()
+
+
+_NUMBERS = re.compile(r"0x[0-9a-f]+|\d+(?:\.\d+)?(?:e-?\d+)?", re.IGNORECASE)
+
+
+def signature(message: str, words: int = 12) -> str:
+    """A failure message with its numbers blanked and cut to its first words: failures that differ only in values
+    (shapes, tolerances, addresses) share one."""
+    text = _NUMBERS.sub("N", (message or "").strip())
+    parts = text.split()
+    return " ".join(parts[:words]) + (" ..." if len(parts) > words else "")
+
+
+def group_by_signature(regressions: List[Dict[str, Any]]) -> List[Tuple[str, List[str]]]:
+    """(signature, test ids) for the regressions, the most common first."""
+    groups: Dict[str, List[str]] = {}
+    for regression in regressions:
+        groups.setdefault(signature(regression.get("message", "")), []).append(regression["id"])
+    return sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))

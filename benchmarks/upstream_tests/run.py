@@ -180,7 +180,10 @@ def _our_commit() -> Dict[str, Any]:
     return {
         "commit": git("rev-parse", "HEAD"),
         "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
+        # the measured code itself: the npu_port/ tree and whether it differs from the commit
+        "npu_port_tree": git("rev-parse", "HEAD:npu_port"),
         "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "npu_port_dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "npu_port")),
     }
 
 
@@ -344,7 +347,8 @@ def _build_tree(suite: Suite, source: Source, tree: str, overlay: Dict[str, byte
 
 def _pytest_env(extra: Optional[Dict[str, str]] = None, jobs: int = 1) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NPU_PORT_UPSTREAM_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH", "")) if p)
+    plugin_dir = os.environ.get("NPU_PORT_UPSTREAM_PLUGIN_DIR", HERE)  # the snapshot cmd_run takes
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (plugin_dir, os.environ.get("PYTHONPATH", "")) if p)
     env["HF_HUB_OFFLINE"] = "1"
     env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
     env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -582,7 +586,7 @@ def suite_results(
         "finished": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine(),
         "versions": _versions(),
-        "npu_port_checkout": _our_commit(),
+        "npu_port_checkout": args.checkout,
         "tests_from": prepared["provenance"],
         "options": {
             "jobs": args.jobs,
@@ -609,6 +613,9 @@ def suite_results(
         "counts": {"baseline": outcomes.counts(base), "strategy": outcomes.counts(with_strategy)},
         "regressions": comparison["regressions"],
         "regressions_by_cause": outcomes.group_by_cause(comparison["regressions"]),
+        "regressions_by_message": [
+            {"message": text, "tests": len(ids)} for text, ids in outcomes.group_by_signature(comparison["regressions"])
+        ],
         "fixed": comparison["fixed"],
         "changed": comparison["changed"],
         "routing": outcomes.routing(with_strategy),
@@ -623,8 +630,20 @@ def suite_results(
     }
 
 
+def _snapshot_plugin(work: str) -> str:
+    """A copy of the plugin for this invocation's pytest processes: editing the checkout during a long run does not
+    change what the rest of the run measures."""
+    folder = os.path.join(work, "plugin", f"{os.getpid()}")
+    os.makedirs(folder, exist_ok=True)
+    shutil.copy2(os.path.join(HERE, "npu_port_plugin.py"), folder)
+    os.environ["NPU_PORT_UPSTREAM_PLUGIN_DIR"] = folder
+    return folder
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     os.makedirs(RESULTS, exist_ok=True)
+    args.checkout = _our_commit()  # at the start: what is measured
+    _snapshot_plugin(os.path.abspath(args.work_dir))
     written = []
     for name in args.suite:
         suite = SUITES[name]
@@ -714,7 +733,9 @@ def render(result: Dict[str, Any]) -> str:
         f"{v.get('diffusers')}, accelerate {v.get('accelerate')}, peft {v.get('peft')}, pytest {v.get('pytest')}, "
         f"pytest-xdist {v.get('pytest-xdist')}, pytest-timeout {v.get('pytest-timeout')}. npu-port "
         f"{v.get('npu-port')} at `{ours.get('commit', '')[:12]}` ({ours.get('branch')}"
-        f"{', uncommitted changes' if ours.get('dirty') else ''}). Started {result['started']}, finished "
+        + (f"; `npu_port/` tree `{ours['npu_port_tree'][:12]}`" if ours.get("npu_port_tree") else "")
+        + (", uncommitted changes" if ours.get("npu_port_dirty", ours.get("dirty")) else "")
+        + f"). Started {result['started']}, finished "
         f"{result['finished']}."
     )
     lines.append("")
@@ -781,7 +802,10 @@ def render(result: Dict[str, Any]) -> str:
     regressions = result["regressions"]
     lines += ["", f"**Regressions: {len(regressions)}** (pass without npu-port, fail with `{result['strategy']}`)"]
     if regressions:
-        lines.append(" by cause: " + ", ".join(f"{c} {n}" for c, n in result["regressions_by_cause"]) + ".")
+        lines.append(" by cause: " + ", ".join(f"{c} {n}" for c, n in outcomes.group_by_cause(regressions)) + ".")
+        lines += ["", "Grouped by their one-line error (numbers blanked):", ""]
+        for text, ids in outcomes.group_by_signature(regressions):
+            lines.append(f"- {len(ids)} x `{_md_escape(text)}`")
         lines += ["", "| test id | with npu-port | cause: one-line error | rerun alone |", "|---|---|---|---|"]
         for reg in regressions:
             lines.append(
@@ -804,15 +828,36 @@ def render(result: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def overview(results: List[Dict[str, Any]]) -> str:
+    lines = [
+        "| suite | strategy | date | test ids | baseline passed / failed / skipped | with npu-port passed / failed / "
+        "skipped | regressions (confirmed alone) | fixed | routed calls |",
+        "|---|---|---|---:|---|---|---:|---:|---:|",
+    ]
+    for r in results:
+        b, s = r["counts"]["baseline"], r["counts"]["strategy"]
+        confirmed = sum(1 for reg in r["regressions"] if reg.get("status") == "confirmed")
+        lines.append(
+            f"| {r['suite']} | `{r['strategy']}` | {r['date']} | {r['collected']} | {b['passed'] + b['xpassed']} / "
+            f"{b['failed'] + b['error'] + b['missing']} / {b['skipped'] + b['xfailed']} | "
+            f"{s['passed'] + s['xpassed']} / {s['failed'] + s['error'] + s['missing']} / {s['skipped'] + s['xfailed']} "
+            f"| {len(r['regressions'])} ({confirmed}) | {len(r['fixed'])} | {r['routing']['routed_calls']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def write_report(results_dir: str = RESULTS, summary: str = SUMMARY) -> str:
     paths = sorted(p for p in os.listdir(results_dir) if p.endswith(".json")) if os.path.isdir(results_dir) else []
-    sections = []
+    results = []
     for name in paths:
         with open(os.path.join(results_dir, name), encoding="utf-8") as stream:
-            sections.append(render(json.load(stream)))
-    text = PREAMBLE + "\n" + ("\n".join(sections) if sections else "No results yet.\n")
+            results.append(json.load(stream))
+    if results:
+        body = "## Overview\n\n" + overview(results) + "\n" + "\n".join(render(r) for r in results)
+    else:
+        body = "No results yet.\n"
     with open(summary, "w", encoding="utf-8") as stream:
-        stream.write(text)
+        stream.write(PREAMBLE + "\n" + body)
     print(f"wrote {os.path.relpath(summary, REPO)} from {len(paths)} results files")
     return summary
 

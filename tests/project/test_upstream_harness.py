@@ -223,3 +223,47 @@ def test_regressions_fixed_and_other_changes():
     assert outcomes.cause("assert 1 == 2") == "AssertionError"
     assert outcomes.confirm_status("passed", "failed") == "confirmed"
     assert outcomes.confirm_status("failed", "failed").startswith("flaky baseline")
+
+
+def test_the_summary_lists_every_regression_with_where_the_tests_came_from(tmp_path):
+    runner = _load("run")
+    baseline = {"t::a": {"outcome": "passed"}, "t::b": {"outcome": "passed"}, "t::c": {"outcome": "skipped"}}
+    strategy = {
+        "t::a": {"outcome": "failed", "message": "torch.utils.checkpoint.CheckpointError: 3 tensors saved, 2 now"},
+        "t::b": {"outcome": "passed", "npu_port": {"models": [{"class": "M", "how": "init", "calls": {"sdpa": 4}}]}},
+        "t::c": {"outcome": "skipped"},
+    }
+    comparison = outcomes.compare(baseline, strategy)
+    comparison["regressions"][0]["status"] = outcomes.confirm_status("passed", "failed")
+    result = {
+        "suite": "diffusers",
+        "strategy": "sdpa",
+        "date": "2026-11-27",
+        "started": "s",
+        "finished": "f",
+        "machine": {"cpu": "toy CPU", "cpu_count": 2, "memory_gib": 1.0, "platform": "toy"},
+        "versions": {"python": "3.11", "diffusers": "0.42.1"},
+        "npu_port_checkout": {"commit": "0123456789abcdef", "branch": "b", "npu_port_tree": "fedcba9876543210"},
+        "tests_from": {
+            "installed_version": "0.42.1",
+            "tests_are_the_installed_versions": False,
+            "source": {"ref": "HEAD", "commit": "abcdef1234567890", "date": "d", "version_in_source": "0.40.0.dev0"},
+            "overlay": {"sdist": None, "overlaid_files": []},
+            "files": ["t"],
+            "collection_errors": [],
+        },
+        "options": {"command": "python run.py", "jobs": 2, "timeout_per_test_s": 600, "env": {"OMP_NUM_THREADS": "1"}},
+        "sessions": [],
+        "wall_s": {"baseline": 60.0, "strategy": 90.0},
+        "collected": 3,
+        "counts": {"baseline": outcomes.counts(baseline), "strategy": outcomes.counts(strategy)},
+        "routing": outcomes.routing(strategy),
+        **comparison,
+    }
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "diffusers-sdpa-2026-11-27.json").write_text(json.dumps(result))
+    text = Path(runner.write_report(str(tmp_path / "results"), str(tmp_path / "summary.md"))).read_text()
+    assert "**not the installed version's tag**" in text and "`abcdef123456`" in text
+    assert "| `t::a` | failed | CheckpointError: torch.utils.checkpoint.CheckpointError: 3 tensors" in text
+    assert "| confirmed |" in text and "1 x `torch.utils.checkpoint.CheckpointError: N tensors saved, N now`" in text
+    assert "| diffusers | `sdpa` | 2026-11-27 | 3 | 2 / 0 / 1 | 1 / 1 / 1 | 1 (1) | 0 | 4 |" in text
