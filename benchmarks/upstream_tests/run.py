@@ -479,6 +479,10 @@ def _run_pytest(argv: List[str], tree: str, env: Dict[str, str], log: str, limit
             process.wait()
             out.write(f"\n[run.py] killed after {limit:.0f} s (--file-timeout)\n")
             code = -9
+        except BaseException:  # Ctrl-C or SIGTERM of the runner: its pytest (own session) goes too
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
     return code, time.monotonic() - start
 
 
@@ -918,6 +922,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds, so a running pytest is ended too
     args.argv = argv
     if args.command == "report":
         write_report()
