@@ -454,8 +454,14 @@ def _pytest_argv(targets: Sequence[str], args: argparse.Namespace) -> List[str]:
     return argv
 
 
-def _condition_env(condition: str, record: str, args: argparse.Namespace) -> Dict[str, str]:
-    extra = {"NPU_PORT_UPSTREAM_RECORD": record}
+def _auto_cache(suite: str, condition: str, args: argparse.Namespace) -> str:
+    """npu-port's on-disk cache of auto's decisions for one condition's runs: its own folder under the work dir, so
+    what the machine's own cache holds cannot change the measurement (emptied at the start, unless --resume)."""
+    return os.path.join(os.path.abspath(args.work_dir), "npu_port_cache", suite, condition)
+
+
+def _condition_env(condition: str, record: str, args: argparse.Namespace, suite: str = "") -> Dict[str, str]:
+    extra = {"NPU_PORT_UPSTREAM_RECORD": record, "NPU_PORT_CACHE_DIR": _auto_cache(suite, condition, args)}
     if condition != "baseline":
         extra["NPU_PORT_UPSTREAM_STRATEGY"] = condition
         if args.compat_shim:
@@ -490,6 +496,9 @@ def run_condition(suite: str, prepared: Dict[str, Any], condition: str, args: ar
     """One condition (``baseline`` or a strategy) over every file: record files, wall time per file."""
     folder = os.path.join(os.path.abspath(args.work_dir), "records", suite, condition)
     os.makedirs(folder, exist_ok=True)
+    cache = _auto_cache(suite, condition, args)
+    if not args.resume and os.path.isdir(cache):
+        shutil.rmtree(cache)
     runs = []
     for path in prepared["files"]:
         stem = os.path.splitext(os.path.basename(path))[0]
@@ -505,7 +514,7 @@ def run_condition(suite: str, prepared: Dict[str, Any], condition: str, args: ar
         argv = _pytest_argv([path], args)
         log = os.path.join(os.path.abspath(args.work_dir), "logs", suite, condition, f"{stem}.log")
         code, wall = _run_pytest(
-            argv, prepared["tree"], _condition_env(condition, record, args), log, args.file_timeout
+            argv, prepared["tree"], _condition_env(condition, record, args, suite), log, args.file_timeout
         )
         meta = {
             "file": path,
@@ -544,7 +553,7 @@ def confirm(
             os.remove(record)
         argv = _pytest_argv([f"@{argsfile}"], args)
         log = os.path.join(os.path.abspath(args.work_dir), "logs", suite, "confirm", f"{strategy}-{condition}.log")
-        _run_pytest(argv, prepared["tree"], _condition_env(condition, record, args), log, args.file_timeout)
+        _run_pytest(argv, prepared["tree"], _condition_env(condition, record, args, suite), log, args.file_timeout)
         results = outcomes.with_missing(outcomes.aggregate(outcomes.read_records([record])), ids)
         for test_id in ids:
             again[test_id]["baseline" if condition == "baseline" else "strategy"] = results[test_id]["outcome"]
@@ -599,7 +608,11 @@ def suite_results(
             "compat_shim": args.compat_shim,
             "k": args.k,
             "files_filter": args.files,
-            "env": {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": _pytest_env(jobs=args.jobs)["OMP_NUM_THREADS"]},
+            "env": {
+                "HF_HUB_OFFLINE": "1",
+                "OMP_NUM_THREADS": _pytest_env(jobs=args.jobs)["OMP_NUM_THREADS"],
+                "NPU_PORT_CACHE_DIR": "WORK/npu_port_cache/<suite>/<condition> (emptied at the start of a condition)",
+            },
             "command": "python benchmarks/upstream_tests/run.py " + shlex.join(args.argv),
         },
         "sessions": _sessions(run["records"]),
