@@ -334,6 +334,21 @@ def report_message(report: Any) -> str:
     return first_line(str(longrepr))
 
 
+def failure_site(report: Any) -> Optional[Dict[str, str]]:
+    """Where a failure happened in the upstream tests themselves: the innermost traceback entry under the test
+    tree's root (pytest writes those paths relative, library paths absolute), with its ``>`` source line, e.g.
+    ``self.assertTrue(model_sdpa.config._attn_implementation == "sdpa")`` behind ``AssertionError: False is not
+    true``."""
+    entries = getattr(getattr(report.longrepr, "reprtraceback", None), "reprentries", None) or []
+    for entry in reversed(entries):
+        location = getattr(entry, "reprfileloc", None)
+        if location is None or os.path.isabs(str(location.path)):
+            continue
+        marked = [line[1:].strip() for line in getattr(entry, "lines", []) if line.startswith(">")]
+        return {"where": f"{location.path}:{location.lineno}", "line": first_line(marked[-1] if marked else "")}
+    return None
+
+
 def report_record(report: Any) -> Dict[str, Any]:
     record: Dict[str, Any] = {
         "kind": "report",
@@ -349,6 +364,10 @@ def report_record(report: Any) -> Dict[str, Any]:
         record["subtest"] = first_line(str(getattr(context, "msg", None) or getattr(context, "kwargs", "") or "?"))
     if report.outcome != "passed":
         record["message"] = report_message(report)
+    if report.outcome == "failed":
+        site = failure_site(report)
+        if site:
+            record.update(site)
     for key, value in getattr(report, "user_properties", ()) or ():
         if key == PROPERTY:
             record[PROPERTY] = value

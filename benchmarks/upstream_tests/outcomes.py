@@ -69,10 +69,11 @@ def _one(reports: List[Dict[str, Any]]) -> Dict[str, Any]:
     skipped = [r for r in main if r["outcome"] == "skipped"]
     call = [r for r in main if r["when"] == "call"]
     message = ""
+    failure: Optional[Dict[str, Any]] = None
     if failed_call:
-        outcome, message = "failed", failed_call[0].get("message", "")
+        outcome, failure = "failed", failed_call[0]
     elif failed_other:
-        outcome, message = "error", failed_other[0].get("message", "")
+        outcome, failure = "error", failed_other[0]
     elif skipped:
         outcome = "xfailed" if skipped[0].get("xfail") else "skipped"
         message = skipped[0].get("message", "")
@@ -84,6 +85,11 @@ def _one(reports: List[Dict[str, Any]]) -> Dict[str, Any]:
         "outcome": outcome,
         "duration": round(sum(r.get("duration", 0.0) for r in main), 3),
     }
+    if failure is not None:
+        message = failure.get("message", "")
+        for key in ("where", "line"):
+            if failure.get(key):
+                result[key] = failure[key]
     if message:
         result["message"] = message
     if subtests:
@@ -143,6 +149,7 @@ def compare(
         if before["outcome"] in GOOD and after["outcome"] in BAD:
             message = after.get("message", "")
             entry.update(cause=cause(message), message=message)
+            entry.update({key: after[key] for key in ("where", "line") if after.get(key)})
             npu = after.get("npu_port") or {}
             errors = [m["error"] for m in npu.get("models", []) if m.get("error")]
             if errors:
@@ -225,5 +232,8 @@ def group_by_signature(regressions: List[Dict[str, Any]]) -> List[Tuple[str, Lis
     """(signature, test ids) for the regressions, the most common first."""
     groups: Dict[str, List[str]] = {}
     for regression in regressions:
-        groups.setdefault(signature(regression.get("message", "")), []).append(regression["id"])
+        key = signature(regression.get("message", ""))
+        if regression.get("line"):
+            key += f" | at: {regression['line']}"
+        groups.setdefault(key, []).append(regression["id"])
     return sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))

@@ -555,8 +555,12 @@ def confirm(
         log = os.path.join(os.path.abspath(args.work_dir), "logs", suite, "confirm", f"{strategy}-{condition}.log")
         _run_pytest(argv, prepared["tree"], _condition_env(condition, record, args, suite), log, args.file_timeout)
         results = outcomes.with_missing(outcomes.aggregate(outcomes.read_records([record])), ids)
+        side = "baseline" if condition == "baseline" else "strategy"
         for test_id in ids:
-            again[test_id]["baseline" if condition == "baseline" else "strategy"] = results[test_id]["outcome"]
+            again[test_id][side] = results[test_id]["outcome"]
+            for key in ("message", "where", "line"):
+                if side == "strategy" and results[test_id].get(key):
+                    again[test_id][f"strategy_{key}"] = results[test_id][key]
     return again
 
 
@@ -591,6 +595,9 @@ def suite_results(
             rerun = again[regression["id"]]
             regression["rerun_alone"] = rerun
             regression["status"] = outcomes.confirm_status(rerun.get("baseline"), rerun.get("strategy"))
+            if "where" not in regression and rerun.get("strategy_where"):  # a record from before the plugin said
+                regression["where"] = rerun["strategy_where"]
+                regression["line"] = rerun.get("strategy_line", "")
     return {
         "suite": suite.name,
         "strategy": strategy,
@@ -823,11 +830,16 @@ def render(result: Dict[str, Any]) -> str:
         lines += ["", "Grouped by their one-line error (numbers blanked):", ""]
         for text, ids in outcomes.group_by_signature(regressions):
             lines.append(f"- {len(ids)} x `{_md_escape(text)}`")
-        lines += ["", "| test id | with npu-port | cause: one-line error | rerun alone |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "| test id | with npu-port | one-line error | failing line of the test | rerun alone |",
+            "|---|---|---|---|---|",
+        ]
         for reg in regressions:
+            site = f"`{reg['where']}`: `{_md_escape(reg.get('line', ''))}`" if reg.get("where") else ""
             lines.append(
-                f"| `{reg['id']}` | {reg['strategy']} | {_md_escape(reg['cause'])}: "
-                f"{_md_escape(reg.get('message', ''))} | {reg.get('status', 'not rerun')} |"
+                f"| `{reg['id']}` | {reg['strategy']} | {_md_escape(reg.get('message', '') or reg['cause'])} | "
+                f"{site} | {reg.get('status', 'not rerun')} |"
             )
     if result["fixed"]:
         lines += ["", f"Fixed with npu-port (fail without, pass with): {len(result['fixed'])}"]
