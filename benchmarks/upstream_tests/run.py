@@ -715,9 +715,12 @@ transformers' and diffusers' own model tests, run twice on the same machine, in 
 (baseline), and with `npu_port.set_attention_strategy(strategy, target=model)` applied to every model the tests build
 (the pytest plugin [`upstream_tests/npu_port_plugin.py`](upstream_tests/npu_port_plugin.py): applied at the end of a
 model's outermost `__init__` or `from_pretrained`, restored at the end of each test). A **regression** is a test that
-passes without npu-port and fails with it; each one was run again alone, both ways (`rerun alone`). This file is
-written by `python benchmarks/upstream_tests/run.py report` from
-[`upstream_tests/results/*.json`](upstream_tests/results/), which also hold every test's two outcomes and routed calls.
+passes without npu-port and fails with it; the regressions were then run again without the rest of their files
+(one pytest process per condition, `rerun alone`): `confirmed` = passes again without npu-port, fails again with it.
+This file is written by `python benchmarks/upstream_tests/run.py report` from
+[`upstream_tests/results/*.json`](upstream_tests/results/), which also hold every test's two outcomes and routed
+calls; a `results/<name>.notes.md` beside a results file (a reading of its regressions, written by hand) is appended
+to its section.
 
 How to rerun (needs the test dependencies `parameterized pytest-timeout pytest-xdist requests_mock`; pass a clone or
 mirror of each library, or let the runner clone the installed version's tag from GitHub):
@@ -881,8 +884,16 @@ def write_report(results_dir: str = RESULTS, summary: str = SUMMARY) -> str:
     for name in paths:
         with open(os.path.join(results_dir, name), encoding="utf-8") as stream:
             results.append(json.load(stream))
+    sections = []
+    for name, result in zip(paths, results):
+        section = render(result)
+        notes = os.path.join(results_dir, name[: -len(".json")] + ".notes.md")
+        if os.path.exists(notes):  # a reading of the regressions, written by whoever looked at them
+            with open(notes, encoding="utf-8") as stream:
+                section += "\n" + stream.read().strip() + "\n"
+        sections.append(section)
     if results:
-        body = "## Overview\n\n" + overview(results) + "\n" + "\n".join(render(r) for r in results)
+        body = "## Overview\n\n" + overview(results) + "\n" + "\n".join(sections)
     else:
         body = "No results yet.\n"
     with open(summary, "w", encoding="utf-8") as stream:
