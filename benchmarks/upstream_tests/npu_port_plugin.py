@@ -344,7 +344,10 @@ def failure_site(report: Any) -> Optional[Dict[str, str]]:
         location = getattr(entry, "reprfileloc", None)
         if location is None or os.path.isabs(str(location.path)):
             continue
-        marked = [line[1:].strip() for line in getattr(entry, "lines", []) if line.startswith(">")]
+        lines = list(getattr(entry, "lines", []))
+        marked = [line[1:].strip() for line in lines if line.startswith(">")]
+        if not marked:  # a "short" entry: the source line, then the E lines
+            marked = [line.strip() for line in lines if line.strip() and not line.startswith("E ")]
         return {"where": f"{location.path}:{location.lineno}", "line": first_line(marked[-1] if marked else "")}
     return None
 

@@ -803,6 +803,12 @@ def render(result: Dict[str, Any]) -> str:
             "transformers 5.24.0 no longer has (every routed transformers call would raise AttributeError); the shim "
             "puts an empty class of that name back for this measurement only."
         )
+    if result.get("resumed_runs"):
+        lines.append("")
+        lines.append(
+            f"{result['resumed_runs']} of the runs were kept from an earlier invocation (`--resume`): their records "
+            "and wall times are theirs; the start and end times above and the reruns of the regressions are this one's."
+        )
     if result.get("unfinished_runs"):
         lines.append("")
         lines.append(f"Runs that did not reach their end: {', '.join(result['unfinished_runs'])}.")
