@@ -595,7 +595,7 @@ def suite_results(
             rerun = again[regression["id"]]
             regression["rerun_alone"] = rerun
             regression["status"] = outcomes.confirm_status(rerun.get("baseline"), rerun.get("strategy"))
-            if "where" not in regression and rerun.get("strategy_where"):  # a record from before the plugin said
+            if not regression.get("line") and rerun.get("strategy_where"):  # a record from before the plugin said
                 regression["where"] = rerun["strategy_where"]
                 regression["line"] = rerun.get("strategy_line", "")
     return {
