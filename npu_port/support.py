@@ -69,10 +69,10 @@ POLICY: Tuple[Supported, ...] = (
         "4.25.1",
         "the text encoders of the diffusers 0.11-0.14 era: their projects pin transformers 4.25-4.30",
         extras=("diffusers",),
-        # measured: AttentionInterface appears in 4.51.0, CLIP computes through it from 4.52.1, T5 / UMT5 from 5.15.0
+        # measured: AttentionInterface appears in 4.51.0, but CLIP computes through it only from 4.52.1 (before, the
+        # integration finds its pieces and reports CLIP "not routed: its own code"); T5 / UMT5 from 5.15.0
         features={
-            "text encoders routed (transformers AttentionInterface)": "4.51.0",
-            "CLIP text encoders routed (AttentionInterface)": "4.52.1",
+            "text encoders routed (transformers AttentionInterface)": "4.52.1",
             "T5 / UMT5 text encoders routed (AttentionInterface)": "5.15.0",
         },
     ),

@@ -12,7 +12,7 @@ from npu_port.doctor.probes import ProbeOutcome
 from tests.versions import at_least
 
 #: The oldest transformers whose CLIP text encoder npu-port routes (the probe's encoder is a CLIP).
-CLIP_ROUTED = support.BY_PACKAGE["transformers"].features["CLIP text encoders routed (AttentionInterface)"]
+CLIP_ROUTED = support.BY_PACKAGE["transformers"].features["text encoders routed (transformers AttentionInterface)"]
 
 RECORD = {
     "lanes": [
@@ -107,7 +107,7 @@ def test_probe_outcomes_become_ok_warn_error_and_info():
 
 def test_missing_pieces_warn_only_where_the_policy_claims_the_feature():
     feature = "text encoders routed (transformers AttentionInterface)"
-    assert support.BY_PACKAGE["transformers"].features[feature] == "4.51.0"
+    assert support.BY_PACKAGE["transformers"].features[feature] == "4.52.1"
     old = {"version": "4.30.2", "features": {feature: "no AttentionInterface"}}
     new = {"version": "5.30.0", "features": {feature: "no AttentionInterface"}}
     assert _integrations({"probes": {}, "capabilities": {"transformers": old}})["pieces-transformers"].status == "info"

@@ -29,9 +29,10 @@ from npu_port.upstream import UpstreamDeclinedWarning, forget_declines
 from tests.versions import at_least
 
 #: Where the modern path for CLIP text encoders is claimed from (the same number the lanes test).
-CLIP_ROUTED_FROM = supported("transformers").features["CLIP text encoders routed (AttentionInterface)"]
-#: Where transformers has the attention interface at all (below it, the integration declines with one warning).
-INTERFACE_FROM = supported("transformers").features["text encoders routed (transformers AttentionInterface)"]
+CLIP_ROUTED_FROM = supported("transformers").features["text encoders routed (transformers AttentionInterface)"]
+#: Where transformers has the attention interface at all (measured; below it, the integration declines with one
+#: warning).
+INTERFACE_FROM = "4.51.0"
 #: A project of the diffusers 0.14 era (our fixture): xformers switched on, everything on "cuda".
 PROJECT = Path(__file__).parents[1] / "fixtures" / "old_text2image_project" / "generate.py"
 

@@ -26,7 +26,7 @@ LOGGING_PIECES = [p.name for p in upstream.ADAPTER.pieces() if p.feature == upst
 #: lacks the pieces already, so there is nothing to take away (the decline itself is tested there by
 #: tests/integrations/test_text_encoder_pipeline.py), and conftest deselects these tests.
 needs_pieces = pytest.mark.transformers_min(
-    support.BY_PACKAGE["transformers"].features["CLIP text encoders routed (AttentionInterface)"]
+    support.BY_PACKAGE["transformers"].features["text encoders routed (transformers AttentionInterface)"]
 )
 
 
