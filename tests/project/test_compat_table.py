@@ -250,3 +250,21 @@ def test_the_summary_prints_each_lane_its_failures_and_a_total_line():
     assert lines[1].startswith("lane newest: FAIL — 10 passed, 1 failed, 1 skipped (some tests; README test command")
     assert lines[2] == "    tests/x.py::test_y: AttributeError: z"
     assert re.fullmatch(r"ci: 20 passed, 1 failed, 2 skipped", lines[-1])
+
+
+def test_readmes_versions_table_states_the_policy():
+    """README's "Versions" table says what ``npu_port/support.py`` says: each library's minimum, and every feature's
+    version in that library's row."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Versions: what is supported", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] in support.BY_PACKAGE:
+            rows[cells[0]] = cells
+    assert sorted(rows) == sorted(support.BY_PACKAGE)
+    for package, entry in support.BY_PACKAGE.items():
+        _, since, features = rows[package]
+        assert since.split()[0] == entry.minimum, package
+        for feature, version in entry.features.items():
+            assert version in features, f"{package}: {feature} from {version} is not in README's row: {features}"
