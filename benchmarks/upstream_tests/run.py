@@ -726,14 +726,16 @@ How to rerun (needs the test dependencies `parameterized pytest-timeout pytest-x
 mirror of each library, or let the runner clone the installed version's tag from GitHub):
 
 ```
-python benchmarks/upstream_tests/run.py run --suite transformers --compat-shim \\
+python benchmarks/upstream_tests/run.py run --suite transformers \\
     [--transformers-git DIR [--transformers-ref REF]] --work-dir /tmp/upstream
 python benchmarks/upstream_tests/run.py run --suite diffusers [--diffusers-git DIR [--diffusers-ref REF]] \\
     --work-dir /tmp/upstream
 ```
 
 `--strategy NAME` (repeatable) replaces the default strategies (transformers: sdpa; diffusers: sdpa, auto); `-k EXPR`
-and `--files SUBSTR` select tests; `--resume` keeps finished runs; `--timeout S` is the limit per test.
+and `--files SUBSTR` select tests; `--resume` keeps finished runs; `--timeout S` is the limit per test;
+`--compat-shim` was needed only to measure npu-port before its transformers integration stopped reading
+`PagedAttentionCache` (the 2026-11-27 transformers results).
 """
 
 
@@ -951,7 +953,8 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument(
                 "--compat-shim",
                 action="store_true",
-                help="put a dummy transformers PagedAttentionCache back (recorded in the results)",
+                help="put a dummy transformers PagedAttentionCache back (recorded in the results): only to measure "
+                "an npu-port from before its transformers integration stopped reading it",
             )
             p.add_argument("--resume", action="store_true", help="keep runs whose record is complete")
             p.add_argument("--no-confirm", dest="confirm", action="store_false", help="do not rerun regressions")

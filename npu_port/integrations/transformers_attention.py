@@ -103,10 +103,22 @@ class SdpaToRoute(TorchFunctionMode):
         )
 
 
+def _compiling() -> bool:
+    """Whether torch.compile is tracing this call (``torch.compiler.is_compiling``, torch 2.3 on; never under
+    older releases, which then break the graph here as before)."""
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(is_compiling is not None and is_compiling())
+
+
 def routed_sdpa(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """The interface's ``"sdpa"`` entry while npu-port is registered: transformers' own ``sdpa`` function, with its
-    SDPA call on the module's route when the module belongs to a routed model."""
+    SDPA call on the module's route when the module belongs to a routed model. Under torch.compile it is
+    transformers' own function alone: the router is Python the compiler cannot trace (a ``fullgraph=True`` compile,
+    as ``generate`` does with a static cache, would fail on it), and torch's SDPA compiles as it does without
+    npu-port."""
     original = routed_sdpa.original
+    if _compiling():
+        return original(module, *args, **kwargs)
     try:
         routes = _ROUTES.get(module)
     except TypeError:  # not weak-referenceable / hashable: never one of ours

@@ -282,6 +282,29 @@ def test_gradient_checkpointing_routes_the_recompute_with_the_same_gradients(fam
         torch.testing.assert_close(checkpointed[name], plain[name], rtol=0, atol=0)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["clip", "t5"])
+def test_a_fullgraph_compile_of_a_routed_encoder_traces_transformers_own_sdpa(family):
+    """torch.compile cannot trace the router (Python): under a compile the entry is transformers' own sdpa, so a
+    ``fullgraph=True`` compile (transformers' generate compiles so with a static cache) runs and gives the eager
+    output; eager calls around it are still routed."""
+    model = ENCODERS[family]().eval()
+    ids, mask = _inputs()
+    with torch.no_grad():
+        expected = _encode(model, ids, mask).last_hidden_state
+        with npu_port.attention_strategy("sdpa", target=model) as handle:
+            torch._dynamo.reset()
+            compiled = torch.compile(model, backend="eager", fullgraph=True)
+            got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+            compiled_calls = sum(handle.calls.values())
+            eager = _encode(model, ids, mask).last_hidden_state
+            eager_calls = sum(handle.calls.values()) - compiled_calls
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(eager, expected, rtol=1e-5, atol=1e-6)
+    assert compiled_calls == 0 and eager_calls == _layers(model)
+
+
 @pytest.mark.usefixtures("model_cache")
 def test_a_pipelines_text_encoders_are_routed_and_restored_with_the_handle():
     from npu_port.infer.models import load_pipeline
