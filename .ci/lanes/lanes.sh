@@ -27,7 +27,7 @@ declare -A INSTALL=(
 )
 
 # What the oldest lanes run: the integration paths their versions are about, a CLIP text-to-image pipeline in each.
-# The locked lane runs the fast tier: the newest lane runs the whole suite, and both together must fit CI's time.
+# The locked lane runs the whole suite and README's main job, as the newest lane does, on the tested set.
 OLD_DIFFUSERS_TESTS="tests/integrations/test_legacy_attention.py tests/integrations/test_diffusers_compat.py \
 tests/integrations/test_text_encoder_pipeline.py tests/runtime/test_activate.py tests/e2e/test_run_project.py \
 tests/upstream tests/doctor/test_versions.py"
@@ -41,13 +41,15 @@ tests/strategy/test_handle_restore_order.py tests/strategy/test_strategy_runtime
 tests/integrations/test_transformers_attention.py tests/integrations/test_text_encoder_pipeline.py tests/upstream"
 )
 # A pytest -m expression for a lane's tests (none: every test the version markers keep).
-declare -A MARKERS=(
-  [locked]="not slow"
+declare -A MARKERS=()
+# Lanes that also run README's main job after their tests (its run part: the lane's venv is the install).
+declare -A MAIN_JOB=(
+  [locked]=1
 )
 # How the README's table names what each lane ran.
 declare -A TESTS_SAID=(
   [newest]="whole suite + main job"
-  [locked]="fast tier"
+  [locked]="whole suite + main job"
   [oldest-0.11]="old-diffusers tests + CLIP pipeline"
   [oldest-0.14]="old-diffusers tests + CLIP pipeline"
   [oldest-dispatch]="dispatcher + CLIP pipeline"
