@@ -17,9 +17,10 @@ CPU instead, records every attention call it makes and prints which would run fu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Iterator, Mapping, Optional
 
 #: ``--report`` placeholder for the rank under torchrun.
 RANK_FIELD = "{rank}"
@@ -127,6 +128,35 @@ def _format_stop(summary: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: ``outcome.status`` of a run refused before any of the project's code ran (bad input: exit 2, one line).
+REFUSED = "refused"
+
+
+@contextlib.contextmanager
+def _refusals_reported(report: Optional[str], args: argparse.Namespace, environ: Mapping[str, str]) -> Iterator[None]:
+    """Bad input found before the project runs is still one line and exit 2 (``main`` prints it); with
+    ``--report`` the report says so too, so a batch of runs never shows a missing file for a refused one."""
+    from ..errors import NpuPortError
+    from .main import EXIT_USAGE_OR_NPU_PORT_ERROR
+
+    try:
+        yield
+    except NpuPortError as exc:
+        if report:
+            kind = "module" if args.as_module else "script"
+            outcome = {"exit_code": EXIT_USAGE_OR_NPU_PORT_ERROR, "status": REFUSED, "error": str(exc)}
+            _write_report(
+                report,
+                {
+                    "entry_point": {"kind": kind, "name": args.target, "path": None},
+                    "outcome": outcome,
+                    "exit_code": outcome["exit_code"],
+                    "rank": environ.get("RANK"),
+                },
+            )
+        raise
+
+
 #: Flags that mean something only with --plan.
 PLAN_ONLY = (("--chip", "chip"), ("--json", "json"), ("--require-fused", "require_fused"), ("--verbose", "verbose"))
 
@@ -154,26 +184,27 @@ def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -
     from ..runtime.overrides import Overrides
 
     environ = os.environ if environ is None else environ
-    _check_plan_flags(args)
-    planning = _planning(args) if args.plan else None
-    entry = resolve_entry(args.target, args.as_module)
-    roots = watch_roots(entry, args.watch, environ=environ)
     report = rank_report_path(args.report, environ) if args.report else None
     if report:
         _check_report_path(report)
-    overrides = Overrides.parse(args.override)
-    for item in overrides.items:
-        item.check_locatable([entry.sys_path0, *sys.path])
-    activation = activate(
-        "cpu" if planning else args.device,
-        RECORDING_ON if planning else args.strategy,
-        args.profile,
-        watch=roots,
-        force_dropins=args.force_dropins,
-        cuda_available=args.cuda_available,
-        overrides=overrides,
-        device_checks=not args.keep_device_checks,
-    )
+    with _refusals_reported(report, args, environ):
+        _check_plan_flags(args)
+        planning = _planning(args) if args.plan else None
+        entry = resolve_entry(args.target, args.as_module)
+        roots = watch_roots(entry, args.watch, environ=environ)
+        overrides = Overrides.parse(args.override)
+        for item in overrides.items:
+            item.check_locatable([entry.sys_path0, *sys.path])
+        activation = activate(
+            "cpu" if planning else args.device,
+            RECORDING_ON if planning else args.strategy,
+            args.profile,
+            watch=roots,
+            force_dropins=args.force_dropins,
+            cuda_available=args.cuda_available,
+            overrides=overrides,
+            device_checks=not args.keep_device_checks,
+        )
     outcome = None
     recording = None
     try:

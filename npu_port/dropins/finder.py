@@ -12,6 +12,11 @@ When each one is used (``mode``):
   torch or CUDA: the failure is logged and the fallback is served instead);
 - ``"always"`` — even when a real one works (the user forces the stand-in).
 
+A folder of the module's name without ``__init__.py`` is no real module: Python would import it as an empty namespace
+package. RAFT's ``alt_cuda_corr/`` is one (the extension's ``.cu`` / ``.cpp`` sources and its ``setup.py``, sitting
+on ``sys.path`` unbuilt). It counts as missing, and the reason given is that it is not built — said when the project
+imports the name, never for a look-up alone.
+
 Everything is undone by :func:`uninstall`: the finder leaves ``sys.meta_path`` and the modules it created leave
 ``sys.modules``.
 """
@@ -23,6 +28,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.metadata
 import logging
+import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -49,7 +55,7 @@ class Replacement:
     distribution: Optional[str] = None  # package metadata to present, e.g. "flash-attn"
     version: Optional[str] = None
     served: List[str] = field(default_factory=list)  # full names actually served, for the run summary
-    reason: Optional[str] = None  # why the stand-in is in use ("not installed", the real import's error)
+    reason: Optional[str] = None  # why the stand-in is in use ("not installed", "not built (...)", the import's error)
     # Records of one registration, never copied: ``dataclasses.replace(template, ...)`` gives a fresh, empty one.
     imported_by: Dict[str, str] = field(default_factory=dict, init=False)  # full name -> the importing module
     log: HitLog = field(default_factory=HitLog, init=False)  # each full name served, with the line that imported it
@@ -60,19 +66,24 @@ _registry: Dict[str, Replacement] = {}
 
 
 class _StandInLoader(importlib.abc.Loader):
-    """Creates ``fullname`` as a fresh module and fills it from the npu-port module that implements it."""
+    """Creates ``fullname`` as a fresh module and fills it from the npu-port module that implements it; ``unbuilt``
+    (why the real one does not count, see :func:`_unbuilt`) becomes the reason, logged once, when it is imported."""
 
     #: How :func:`npu_port._optional.probe` tells a stand-in's spec from the real package's without importing it.
     npu_port_stand_in = True
 
-    def __init__(self, replacement: Replacement, fullname: str):
+    def __init__(self, replacement: Replacement, fullname: str, unbuilt: Optional[str] = None):
         self.replacement = replacement
         self.fullname = fullname
+        self.unbuilt = unbuilt
 
     def create_module(self, spec):
         return None  # the default: a fresh module named spec.name
 
     def exec_module(self, module: ModuleType) -> None:
+        if self.unbuilt is not None and self.replacement.reason != self.unbuilt:
+            self.replacement.reason = self.unbuilt
+            logger.warning("npu-port: %s is %s; using npu-port's fallback", self.fullname, self.unbuilt)
         implementation = importlib.import_module(self.replacement.modules[self.fullname])
         public = {k: v for k, v in vars(implementation).items() if not (k.startswith("__") and k.endswith("__"))}
         module.__dict__.update(public)
@@ -145,6 +156,39 @@ def _real_spec(fullname: str, path, target) -> Optional[importlib.machinery.Modu
     return None
 
 
+#: What a folder holding a compiled extension's unbuilt sources has in it.
+_SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp")
+_BUILD_FILES = ("setup.py", "pyproject.toml", "CMakeLists.txt")
+#: The loader a namespace package's spec may carry (public from Python 3.11; before, its spec has none).
+_NAMESPACE_LOADER = getattr(importlib.machinery, "NamespaceLoader", type(None))
+
+
+def _unbuilt(spec: Optional[importlib.machinery.ModuleSpec]) -> Optional[str]:
+    """Why ``spec`` is no real module — a namespace package: folders without ``__init__.py``, found only because no
+    module of that name is anywhere on the path — as the reason to give (``"not built (/p/alt_cuda_corr holds its
+    unbuilt sources)"``); None for a real module or none at all."""
+    if spec is None or spec.submodule_search_locations is None:
+        return None
+    if spec.loader is not None and not isinstance(spec.loader, _NAMESPACE_LOADER):
+        return None
+    try:
+        folders = list(spec.submodule_search_locations)
+    except (KeyError, AttributeError):  # a nested namespace __path__ that wants its parent imported
+        folders = []
+    where = ", ".join(folders) or "a folder"
+    if any(_has_sources(folder) for folder in folders):
+        return f"not built ({where} holds its unbuilt sources)"
+    return f"not built ({where} has no __init__.py and no compiled module)"
+
+
+def _has_sources(folder: str) -> bool:
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    return any(name in _BUILD_FILES or name.endswith(_SOURCE_SUFFIXES) for name in names)
+
+
 class _Metadata(importlib.metadata.Distribution):
     """Package metadata for a served drop-in: name and version, as ``importlib.metadata`` reads them."""
 
@@ -175,9 +219,11 @@ class StandInFinder(importlib.abc.MetaPathFinder):
         if replacement is None or fullname not in replacement.modules:
             return None
         is_package = any(name.startswith(fullname + ".") for name in replacement.modules)
+        unbuilt = None
         if replacement.mode != "always":
             real = _real_spec(fullname, path, target)
-            if real is not None:
+            unbuilt = _unbuilt(real)
+            if real is not None and unbuilt is None:
                 if replacement.mode == "missing":
                     return None  # a real package is there: it wins
                 loader = _RealOrFallbackLoader(replacement, fullname, real)
@@ -186,10 +232,11 @@ class StandInFinder(importlib.abc.MetaPathFinder):
                 if is_package:
                     spec.submodule_search_locations = list(real.submodule_search_locations or [])
                 return spec
-            replacement.reason = replacement.reason or "not installed"
+            if unbuilt is None:
+                replacement.reason = replacement.reason or "not installed"
         origin = f"npu-port stand-in ({replacement.modules[fullname]})"
         spec = importlib.machinery.ModuleSpec(
-            fullname, _StandInLoader(replacement, fullname), origin=origin, is_package=is_package
+            fullname, _StandInLoader(replacement, fullname, unbuilt), origin=origin, is_package=is_package
         )
         if is_package:
             spec.submodule_search_locations = []
@@ -209,7 +256,8 @@ class StandInFinder(importlib.abc.MetaPathFinder):
         """Metadata is shown only where the stand-in is what ``import`` gives (no real distribution to shadow)."""
         if replacement.mode == "always":
             return True
-        return _real_spec(replacement.name, None, None) is None
+        real = _real_spec(replacement.name, None, None)
+        return real is None or _unbuilt(real) is not None
 
 
 def _normalise(name: str) -> str:

@@ -63,7 +63,8 @@ class FallbackHandle:
 
     @property
     def reason(self) -> Optional[str]:
-        """Why the fallback was served ("not installed", or the real module's import error)."""
+        """Why the fallback was served ("not installed", "not built (FOLDER holds its unbuilt sources)", or the real
+        module's import error)."""
         return self._replacement.reason if self._replacement is not None else None
 
     @property

@@ -98,6 +98,17 @@ def _run_script(path: str, transform: Optional[Transform], init_globals: Dict[st
             sys.modules["__main__"] = saved
 
 
+def _put_first_on_path(folder: str) -> None:
+    """``folder`` first on ``sys.path``, as Python puts the script's folder (or, for ``-m``, the working directory)
+    there. Where the launcher's own first entry is that folder already (``python -m npu_port`` from the project's
+    root) it is replaced, not doubled: a namespace package's ``__path__`` would list the folder twice."""
+    first = sys.path[0] if sys.path else None
+    if first is not None and os.path.abspath(first or os.curdir) == os.path.abspath(folder):
+        sys.path[0] = folder
+    else:
+        sys.path.insert(0, folder)
+
+
 def run_entry(
     entry: EntryPoint,
     arguments: Sequence[str],
@@ -108,7 +119,7 @@ def run_entry(
     """Run ``entry`` with ``arguments`` as ``__main__``; never raises (KeyboardInterrupt included)."""
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     sys.argv = [entry.path, *arguments]
-    sys.path.insert(0, entry.sys_path0)
+    _put_first_on_path(entry.sys_path0)
     try:
         if entry.kind == "script":
             _run_script(entry.path, transform, dict(init_globals or {}))

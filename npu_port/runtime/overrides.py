@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..errors import RunError
-from .locate import locate_module
+from .locate import find_module, not_found
 
 _MISSING = object()
 FORMAT = "pkg.module:name=my_module:name (name may be dotted: Class.method)"
@@ -42,6 +42,15 @@ def split_reference(text: str, what: str) -> Tuple[str, List[str]]:
     ):
         raise RunError(f"{what} {text!r} is not module:name; expected {FORMAT}")
     return module, parts
+
+
+def _missing_module(name: str, search_path: Optional[Sequence[str]], where: str) -> Optional[str]:
+    """Why ``name`` cannot be imported (one phrase; ``where`` follows a top-level name that is nowhere), or None
+    when it can be (or already is)."""
+    if name in sys.modules:
+        return None
+    found = find_module(name, search_path)
+    return None if found.found else not_found(name, found, where)
 
 
 class Override:
@@ -67,16 +76,17 @@ class Override:
         return f"{module}:{getattr(self.replacement, '__qualname__', repr(self.replacement))}"
 
     def check_locatable(self, search_path: Optional[Sequence[str]] = None) -> None:
-        """Fail before the project runs when the target or the replacement module cannot be found at all."""
-        if locate_module(self.module, search_path) is None and self.module not in sys.modules:
-            raise RunError(f"--override {self.target}: no module named {self.module!r} on the module search path")
+        """Fail before the project runs when the target or the replacement module cannot be found at all (namespace
+        packages included, at any depth; nothing of the project is imported to find them)."""
+        problem = _missing_module(self.module, search_path, "on the module search path")
+        if problem:
+            raise RunError(f"--override {self.target}: {problem}")
         if isinstance(self.replacement, str):
             module, _ = split_reference(self.replacement, "override replacement")
-            if locate_module(module, search_path) is None and module not in sys.modules:
-                raise RunError(
-                    f"--override {self.target}={self.replacement}: no module named {module!r} on the module "
-                    "search path (the working directory and the entry point's folder are on it)"
-                )
+            where = "on the module search path (the working directory and the entry point's folder are on it)"
+            problem = _missing_module(module, search_path, where)
+            if problem:
+                raise RunError(f"--override {self.target}={self.replacement}: {problem}")
 
     def _resolve_replacement(self) -> Any:
         if not isinstance(self.replacement, str):

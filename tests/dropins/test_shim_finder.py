@@ -89,6 +89,21 @@ def test_a_broken_extension_is_replaced_and_the_reason_logged(impl_dir, caplog):
     assert f"npu-port: {name} failed to load (ImportError: libcudart.so.12" in caplog.text
 
 
+def test_a_source_folder_without_init_is_not_the_real_package(impl_dir, caplog):
+    """A checkout's folder of the package's name (no ``__init__.py``) is an empty namespace package to Python: the
+    stand-in is served, with its metadata, and the reason says the folder is not built."""
+    name = "npu_port_test_pkg_e"
+    (impl_dir / name).mkdir()
+    (impl_dir / name / "setup.py").write_text("from setuptools import setup\n")
+    register(_replacement(name))
+    assert importlib.metadata.version(name) == "9.9.9"
+    with caplog.at_level(logging.WARNING, logger="npu_port.shims"):
+        assert importlib.import_module(name).attend() == "stand-in"
+    reason = f"not built ({impl_dir / name} holds its unbuilt sources)"
+    assert registered()[name].reason == reason
+    assert caplog.messages == [f"npu-port: {name} is {reason}; using npu-port's fallback"]
+
+
 def test_a_working_module_wins_in_broken_mode(impl_dir):
     name = "npu_port_test_pkg_d"
     (impl_dir / f"{name}.py").write_text("def attend():\n    return 'real'\n")

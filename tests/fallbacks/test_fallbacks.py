@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.machinery
+import importlib.util
 import logging
 import math
 import sys
@@ -133,6 +134,54 @@ def test_missing_mode_leaves_a_broken_extension_failing(site):
     install_builtin_fallbacks(mode="missing")
     with pytest.raises(ImportError, match="undefined symbol"):
         importlib.import_module("alt_cuda_corr")
+
+
+def _unbuilt_folder(parent):
+    """RAFT's ``alt_cuda_corr/`` before ``python setup.py install``: sources and a setup.py, no ``__init__.py``."""
+    folder = parent / "alt_cuda_corr"
+    folder.mkdir()
+    (folder / "setup.py").write_text("from setuptools import setup\n")
+    (folder / "correlation_kernel.cu").write_text("// corr_forward_kernel, corr_backward_kernel\n")
+    return folder
+
+
+def test_an_unbuilt_source_folder_is_reported_as_not_built_once_and_only_on_import(site, caplog):
+    folder = _unbuilt_folder(site)
+    assert importlib.import_module("alt_cuda_corr").__path__  # as it is: an empty namespace package
+    sys.modules.pop("alt_cuda_corr")
+    install_builtin_fallbacks()
+    handle = registered_fallbacks()["alt_cuda_corr"]
+    with caplog.at_level(logging.WARNING, logger="npu_port.shims"):
+        assert importlib.util.find_spec("alt_cuda_corr").origin.startswith("npu-port stand-in")
+        assert caplog.records == [] and handle.reason is None  # a look-up alone says nothing
+        assert importlib.import_module("alt_cuda_corr").forward is corr_impl.forward
+        sys.modules.pop("alt_cuda_corr")
+        importlib.import_module("alt_cuda_corr")  # imported again: still said once
+    assert [record.getMessage() for record in caplog.records] == [
+        f"npu-port: alt_cuda_corr is not built ({folder} holds its unbuilt sources); using npu-port's fallback"
+    ]
+    assert handle.served and handle.reason == f"not built ({folder} holds its unbuilt sources)"
+
+
+def test_an_empty_folder_is_not_built_either_and_a_built_extension_later_on_the_path_wins(site, tmp_path, caplog):
+    (site / "alt_cuda_corr").mkdir()
+    install_builtin_fallbacks()
+    with caplog.at_level(logging.WARNING, logger="npu_port.shims"):
+        importlib.import_module("alt_cuda_corr")
+    assert registered_fallbacks()["alt_cuda_corr"].reason == (
+        f"not built ({site / 'alt_cuda_corr'} has no __init__.py and no compiled module)"
+    )
+    uninstall_builtin_fallbacks()
+    built = tmp_path / "built"
+    built.mkdir()
+    (built / "alt_cuda_corr.py").write_text("def forward(*args):\n    return 'real kernel'\n")
+    sys.path.append(str(built))  # after the source folder, as an installed extension is
+    try:
+        install_builtin_fallbacks()
+        assert importlib.import_module("alt_cuda_corr").forward() == "real kernel"
+        assert not registered_fallbacks()["alt_cuda_corr"].served
+    finally:
+        sys.path.remove(str(built))
 
 
 # --- register_fallback -----------------------------------------------------------------------------------------------

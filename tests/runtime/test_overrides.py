@@ -97,8 +97,9 @@ def test_malformed_specs_are_refused_with_the_format(spec, message):
 def test_modules_that_cannot_be_found_are_refused_before_anything_runs(project):
     with pytest.raises(RunError) as info:
         Override("ovpkg.nothere:fused", "my_ops:fused").check_locatable()
-    assert (
-        str(info.value) == "--override ovpkg.nothere:fused: no module named 'ovpkg.nothere' on the module search path"
+    assert str(info.value) == (
+        f"--override ovpkg.nothere:fused: no module named 'ovpkg.nothere': the package 'ovpkg' ({project / 'ovpkg'}) "
+        "has no module 'nothere'"
     )
     with pytest.raises(RunError, match="no module named 'cpu_nothere' on the module search path"):
         Override("ovpkg.ops:fused", "cpu_nothere:fused").check_locatable()
@@ -168,7 +169,12 @@ def test_entry_points_and_their_watch_roots(tmp_path):
                                    "python -m does: npu-port run -m scripts.animate)"),
         ("scripts", False, "'scripts' is a folder without __main__.py; give a script, or -m package.module"),
         ("scripts", True, "'scripts' is a package without __main__.py; name the module to run (-m scripts.NAME)"),
-        ("scripts.gone", True, "no module named 'scripts.gone' on the module search path (the working directory "),
+        ("scripts.gone", True, "no module named 'scripts.gone': the package 'scripts' ({root}/scripts) has no module "
+                               "'gone'"),
+        ("scripts.animate.x", True, "no module named 'scripts.animate.x': 'scripts.animate' is a module "
+                                    "({root}/scripts/animate.py), not a package"),
+        ("gone", True, "no module named 'gone' on the module search path (the working directory {root} first, as "
+                       "python -m puts it); run from the project's root folder, or give the script's path"),
     ],
 )  # fmt: skip
 def test_bad_entry_points_say_what_to_do(tmp_path, target, as_module, message):
@@ -177,7 +183,7 @@ def test_bad_entry_points_say_what_to_do(tmp_path, target, as_module, message):
     (tmp_path / "scripts" / "animate.py").write_text("")
     with pytest.raises(RunError) as info:
         resolve_entry(target, as_module, cwd=str(tmp_path))
-    assert str(info.value).startswith(message)
+    assert str(info.value).startswith(message.format(root=tmp_path))
 
 
 def test_a_watch_folder_that_does_not_exist_is_refused(tmp_path):
