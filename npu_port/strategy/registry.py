@@ -197,7 +197,7 @@ def register_strategy(
         if kernel is not None:
             picked, mode = (kernel,), "fixed"
         elif candidates is not None:
-            picked, mode = check_candidates(list(candidates)), (mode if mode != "fixed" else "first")
+            picked, mode = check_candidates(candidates), (mode if mode != "fixed" else "first")
         if select is not None:
             mode = select
             if not picked and processor is None and mode in ("first", "measure"):
