@@ -203,6 +203,21 @@ def test_a_closed_stdout_ends_quietly_with_141(argv, monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_reader_that_closed_the_pipe_gets_no_traceback_from_a_real_process():
+    """``npu-port kernels | head -1`` with the reader gone before the first write: exit 141, nothing on stderr (no
+    ``BrokenPipeError``, and no ``Exception ignored`` from Python's own flush at exit)."""
+    import subprocess
+
+    child = subprocess.Popen(
+        [sys.executable, "-m", "npu_port", "kernels", "--verbose"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    child.stdout.close()  # before the child has imported torch, let alone written
+    _, err = child.communicate(timeout=300)
+    assert (child.returncode, err.decode()) == (EXIT_BROKEN_PIPE, "")
+
+
 def test_the_closed_pipe_recipe_points_stdout_at_the_null_device(tmp_path, monkeypatch):
     """What a real process does (a file stands in for the pipe: the descriptor is redirected, the object kept)."""
     with open(tmp_path / "stdout", "w") as handle:
@@ -232,6 +247,10 @@ def test_strategies_show_takes_a_path_as_every_other_command_does(tmp_path, caps
     os.mkfifo(tmp_path / "pipe.yaml")  # would block the read for ever
     assert _refused(["strategies", "--show", str(tmp_path / "pipe.yaml")], capsys) == (
         f"npu-port: {tmp_path / 'pipe.yaml'}:1: not a regular file; give the path of a YAML file\n"
+    )
+    (tmp_path / "loop.yaml").symlink_to(tmp_path / "loop.yaml")  # pathlib's resolve raised RuntimeError
+    assert _refused(["strategies", "--show", str(tmp_path / "loop.yaml")], capsys) == (
+        f"npu-port: {tmp_path / 'loop.yaml'}:1: cannot read the file: a link that loops\n"
     )
 
 
