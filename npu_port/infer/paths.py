@@ -213,6 +213,11 @@ def plan_outputs(
         if problem is not None:
             label = "--report" if path == report_path else ("--output" if name is None else f"the image of {name!r}")
             raise InferenceError(f"{label} {str(path)!r} {problem}")
+    frames = earlier_frames(image) if video is not False and extension not in VIDEO_FORMATS else []
+    for frame in frames:  # a video written as images writes over an earlier run's frames NAME-000.png, ...
+        problem = link_problem(frame)
+        if problem is not None:
+            raise InferenceError(f"--output {output!r}: the frame file {str(frame)!r} {problem}")
     for label, path in (("--output", image), ("--report", report_path)):
         problem = folder_problem(path.parent)
         if problem is not None:

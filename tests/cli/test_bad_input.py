@@ -59,6 +59,17 @@ def test_an_infer_report_that_links_to_a_text_file_is_refused(tmp_path, capsys):
     assert notes.read_text() == NOTES
 
 
+def test_an_earlier_frame_that_links_to_a_text_file_is_refused_before_a_video_is_made(tmp_path, capsys):
+    notes, link = _notes_behind_a_link(tmp_path, "clip-001.png")
+    output = str(tmp_path / "clip.png")
+    err = _refused(["infer", "--no-progress", "--model", "tiny-wan", "--output", output], capsys)
+    assert err == (
+        f"npu-port: --output {output!r}: the frame file {str(link)!r} is a link to {notes}, not a .png file; npu-port "
+        "will not write through it: remove the link or give another path\n"
+    )
+    assert notes.read_text() == NOTES
+
+
 def test_run_plan_scan_and_bench_refuse_a_link_onto_another_kind_of_file(tmp_path, capsys):
     script = tmp_path / "script.py"
     script.write_text("raise SystemExit('must not run')\n")

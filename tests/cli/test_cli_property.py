@@ -74,7 +74,8 @@ def sandbox(tmp_path_factory) -> Dict[str, str]:
         missing=str(root / "missing-ünïcødé" / "nothing"),
         under_a_file=str(root / "a-file" / "sub" / "out"),
         devnull=os.devnull,
-        unwritable=str(Path("/sys") / "npu-port-test"),  # root cannot create files in /sys either
+        # root cannot create files in /sys either; without /sys, a path under a file stands in
+        unwritable=str(Path("/sys") / "npu-port-test") if os.path.isdir("/sys") else str(root / "a-file" / "x"),
     )
     return paths
 
