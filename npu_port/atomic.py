@@ -6,6 +6,12 @@ different runs. Each write here gets its own temporary file (``tempfile.mkstemp`
 ``os.replace`` is a rename on one file system), is flushed to disk, and replaces the destination in one step; on any
 failure, Ctrl-C included, the temporary file is removed and the destination is left as it was.
 
+A link is written through only onto what npu-port writes (:func:`link_problem`): a link ``latest.png`` to
+``runs/7.png`` keeps pointing there and ``runs/7.png`` gets the new image, but a link ``out.png`` to a user's
+``notes.txt``, to a folder, or a loop is refused — the file at the other end is someone else's, and writing through
+the link would replace it with bytes of another kind (replacing the link itself would silently cut a link the user
+made). A device or FIFO at the end of a link (``/dev/stdout``) is written into, as a shell redirection would.
+
 Whether a folder can be written at all is asked here too (:func:`folder_problem`), before any expensive work: the
 only answer that holds for root, read-only mounts, ACLs and full disks alike is to create (and remove) a uniquely
 named file there — ``os.access`` and the mode bits say yes to root on a folder it cannot really write (``/sys``).
@@ -19,6 +25,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
@@ -30,6 +37,43 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
+class LinkRefused(OSError):
+    """The destination is a link onto something that is not what is being written (:func:`link_problem`)."""
+
+
+def link_problem(path: PathLike) -> Optional[str]:
+    """Why writing ``path`` would follow a link onto something that is not what is written there, or None.
+
+    A link is followed when it ends on a regular file, or on nothing yet, whose extension is the link's own (the
+    file of the kind its name promises, compared without case), or on a device or FIFO, and always from ``/dev``
+    (``/dev/stdout`` redirected to a file). Otherwise the reason
+    completes a sentence that starts with the path: ``'out.png' is a link to /home/me/notes.txt, not a .png file;
+    ...``. Checked before any expensive work by every command that writes, and again by :func:`atomic_path`.
+    """
+    link = Path(path)
+    try:
+        if not link.is_symlink():
+            return None
+        mode = os.stat(link).st_mode
+    except FileNotFoundError:
+        mode = None  # a dangling link: writing creates its target
+    except OSError as exc:
+        return f"is a link that cannot be followed ({exc.strerror or type(exc).__name__})"
+    target = Path(os.path.realpath(link))
+    if os.path.abspath(link).startswith("/dev/") or str(target).startswith(("/proc/", "/dev/")):
+        return None  # /dev/stdout, /dev/fd/N: the stream the caller opened, whatever it is (a redirected file too)
+    if mode is not None and stat.S_ISDIR(mode):
+        return f"is a link to the folder {target}; give a file path"
+    if mode is not None and not stat.S_ISREG(mode):
+        return None  # a device or FIFO: written into, never replaced
+    if target.suffix.lower() == link.suffix.lower():
+        return None
+    kind = f"a {link.suffix} file" if link.suffix else "a file without an extension"
+    return (
+        f"is a link to {target}, not {kind}; npu-port will not write through it: remove the link or give another path"
+    )
+
+
 @contextlib.contextmanager
 def atomic_path(path: PathLike, *, mode: int = 0o666, exact_mode: bool = False) -> Iterator[Path]:
     """Yield a unique temporary path beside ``path``; when the block ends without error it replaces ``path``.
@@ -37,9 +81,13 @@ def atomic_path(path: PathLike, *, mode: int = 0o666, exact_mode: bool = False) 
     For writers that want a file name (``PIL.Image.save``, ``matplotlib``'s ``savefig``): the temporary name keeps
     ``path``'s suffix so format detection by extension still works. The parent folder is created if missing. The file
     gets ``mode`` less the umask, as ``open()`` would give it (``mkstemp`` alone makes it private); with
-    ``exact_mode``, ``mode`` itself (a rewritten file keeps the permissions it had).
+    ``exact_mode``, ``mode`` itself (a rewritten file keeps the permissions it had). A link onto something that is not
+    what is written raises :class:`LinkRefused` (an ``OSError``) before anything is written (:func:`link_problem`).
     """
     destination = Path(path)
+    problem = link_problem(destination)
+    if problem is not None:
+        raise LinkRefused(f"{destination} {problem}")
     if destination.is_symlink():  # keep the link: write what it points to (a device or /proc/self/fd/N: into it)
         target = Path(os.path.realpath(destination))
         if (

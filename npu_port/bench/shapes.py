@@ -13,11 +13,15 @@
   CPU default leaves it out; ``--shapes all`` or ``--shapes video-15x4096`` asks for it.
 
 ``custom:B,H,S,D`` (or ``custom:BxHxSxD``) adds any self-attention size, e.g. to bench a model's own layer or to
-keep a test fast. Parsing lives here so the CLI and the benchmark scripts accept the same words.
+keep a test fast. Parsing lives here so the CLI and the benchmark scripts accept the same words. A custom size whose
+query, key and value alone cannot fit in this machine's memory is refused here, naming that limit, before anything
+is measured: torch would otherwise fail deep inside (``Storage size calculation overflowed``) after the other shapes
+ran.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -92,7 +96,38 @@ def custom_shape(text: str) -> Shape:
     if match is None or not all(int(n) > 0 for n in match.groups()):
         raise BenchError(f"bad custom shape {text!r}: write {CUSTOM_HELP}, four positive integers")
     batch, heads, seq, dim = (int(n) for n in match.groups())
-    return Shape(f"custom-{batch}x{heads}x{seq}x{dim}", batch, heads, seq, dim, about="given on the command line")
+    shape = Shape(f"custom-{batch}x{heads}x{seq}x{dim}", batch, heads, seq, dim, about="given on the command line")
+    need, limit = input_bytes(shape), host_memory()
+    if need > (limit or MAX_TENSOR_BYTES):
+        where = f"this machine has {_gib(limit)} of memory" if limit else "more than one tensor can hold"
+        raise BenchError(
+            f"custom shape {text!r}: its query, key and value need {_gib(need)} (float32, made in host memory first); "
+            f"{where}: make B*H*S*D smaller"
+        )
+    return shape
+
+
+#: The inputs are drawn as float32 on the host (:func:`npu_port.bench.reference.make_call`), then moved.
+INPUT_ITEM_BYTES = 4
+#: torch's sizes are 64-bit: the most bytes any one tensor can have, where the machine's memory is not known.
+MAX_TENSOR_BYTES = 2**63 - 1
+
+
+def input_bytes(shape: Shape) -> int:
+    """The bytes of a shape's query, key and value as the bench first makes them."""
+    return (shape.seq + 2 * shape.key_len) * shape.batch * shape.heads * shape.head_dim * INPUT_ITEM_BYTES
+
+
+def host_memory() -> Optional[int]:
+    """This machine's physical memory in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:,.1f} GiB"
 
 
 def default_shapes(device_type: str) -> Tuple[List[Shape], List[Tuple[str, str]]]:

@@ -79,6 +79,25 @@ def _progress(total: int):
     return tqdm(total=total, unit="step", file=sys.stderr, disable=None, leave=False, dynamic_ncols=True)
 
 
+def check_out(out: str, plot: bool) -> None:
+    """Refuse an ``--out`` the results cannot be written to, before measuring (which takes minutes): a file, a
+    folder that cannot be written, or a result file in it that is a folder or a link onto something else."""
+    from ..atomic import folder_problem, link_problem
+    from ..bench import BenchError
+
+    folder = Path(out).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise BenchError(f"--out {out!r} is not a folder; give a folder for bench.csv, bench.json and bench.png")
+    problem = folder_problem(folder)
+    if problem:
+        raise BenchError(f"--out {out!r}: cannot write there ({problem})")
+    for name in ("bench.csv", "bench.json") + (("bench.png",) if plot else ()):
+        path = folder / name
+        problem = "is a folder; move it away" if path.is_dir() and not path.is_symlink() else link_problem(path)
+        if problem:
+            raise BenchError(f"--out {out!r}: {name} in it {problem}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Parse, measure, print, write; Ctrl-C at any point exits 130 without a traceback, keeping what was measured."""
     try:
@@ -107,9 +126,9 @@ def _run(args: argparse.Namespace) -> int:
     budget = None
     if args.memory_budget is not None:
         try:
-            budget = parse_size(args.memory_budget)
+            budget = parse_size(args.memory_budget, "--memory-budget")
         except ValueError as exc:
-            raise BenchError(f"--memory-budget: {exc}") from None
+            raise BenchError(str(exc)) from None
     shapes, skipped_shapes = parse_shapes(args.shapes, device.type)
     strategies, skipped_strategies = select_strategies(args.strategies)
     for name, why in skipped_strategies:
@@ -118,9 +137,11 @@ def _run(args: argparse.Namespace) -> int:
     if not strategies:
         why = "; ".join(f"{name}: {reason}" for name, reason in skipped_strategies)
         raise BenchError(f"no strategy can run on this machine: {why}")
-    out_dir = Path(args.out) if args.out else None
-    if out_dir is not None and not args.no_plot:
-        plot.require_matplotlib()
+    out_dir = Path(args.out).expanduser() if args.out else None
+    if out_dir is not None:
+        check_out(args.out, plot=not args.no_plot)
+        if not args.no_plot:
+            plot.require_matplotlib()
 
     settings = Settings(
         device=device, dtype=resolve_dtype(args.dtype), warmup=args.warmup, repeats=args.repeats, memory_budget=budget

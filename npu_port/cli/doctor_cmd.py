@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 #: Read by cli.main: run this command even when ``import torch`` fails.
@@ -47,8 +46,10 @@ def run(args: argparse.Namespace) -> int:
         if hasattr(sys.stdout, "reconfigure"):  # quoted paths and errors must not fail on a narrow terminal encoding
             sys.stdout.reconfigure(errors="replace")
         result = run_doctor()
-        _emit(json.dumps(as_json(result), indent=2, default=str) if args.json else render_text(result))
+        print(json.dumps(as_json(result), indent=2, default=str) if args.json else render_text(result))
         return result.exit_code
+    except BrokenPipeError:  # a reader that stopped early (| head): npu-port's entry point ends quietly
+        raise
     except Exception as exc:  # noqa: BLE001 - the doctor must not end in a traceback
         detail = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
         print(f"npu-port doctor: internal error ({detail}); please report this", file=sys.stderr)
@@ -61,29 +62,20 @@ def explain(query: str, as_json: bool = False) -> int:
 
     if query.strip().lower() == error_codes.LIST_WORD:
         if as_json:
-            _emit(json.dumps({"codes": [entry.as_dict() for entry in error_codes.ERROR_CODES]}, indent=2))
+            print(json.dumps({"codes": [entry.as_dict() for entry in error_codes.ERROR_CODES]}, indent=2))
         else:
-            _emit(error_codes.render_list())
+            print(error_codes.render_list())
         return 0
     entries = error_codes.find(query)
     if not entries:
         message = error_codes.unknown_message(query)
         if as_json:
-            _emit(json.dumps({"query": query, "codes": [], "error": message}, indent=2))
+            print(json.dumps({"query": query, "codes": [], "error": message}, indent=2))
         else:
             print(message, file=sys.stderr)
         return EXIT_UNKNOWN_CODE
     if as_json:
-        _emit(json.dumps({"query": query, "codes": [entry.as_dict() for entry in entries]}, indent=2))
+        print(json.dumps({"query": query, "codes": [entry.as_dict() for entry in entries]}, indent=2))
     else:
-        _emit(error_codes.render(entries))
+        print(error_codes.render(entries))
     return 0
-
-
-def _emit(text: str) -> None:
-    """Print ``text``; a reader that stops early (``| head``) ends the output quietly, not with a traceback."""
-    try:
-        print(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the interpreter's exit flush is silent

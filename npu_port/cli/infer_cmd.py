@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     image = parser.add_argument_group("image")
     image.add_argument("--prompt", default="a lighthouse at dusk, oil painting")
     image.add_argument("--negative-prompt", default=None)
-    image.add_argument("--class", dest="class_label", type=int, default=1, help="class id (class-conditional models)")
+    image.add_argument("--class", dest="class_label", type=int, default=None,
+                       help="class id of a class-conditional model such as tiny-dit (default 1)")  # fmt: skip
     image.add_argument("--steps", type=int, default=10)
     image.add_argument("--seed", type=int, default=0)
     image.add_argument("--height", type=int, default=None)
@@ -142,7 +143,7 @@ def _preflight(args: argparse.Namespace) -> _Plan:
     request = GenerationRequest(
         prompt=args.prompt,
         negative_prompt=args.negative_prompt,
-        class_label=args.class_label,
+        class_label=GenerationRequest.class_label if args.class_label is None else args.class_label,
         steps=args.steps,
         seed=args.seed,
         height=args.height,
@@ -154,6 +155,7 @@ def _preflight(args: argparse.Namespace) -> _Plan:
         frames=args.frames,
     )
     model = describe_model(args.model)
+    check_class_option(args, model.kind)
     (model.limits or UNKNOWN_MODEL).check(request)  # a hub id's own limits are checked again once it is loaded
     device = get_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
@@ -174,6 +176,18 @@ def _preflight(args: argparse.Namespace) -> _Plan:
     if warning:
         print(f"npu-port: {warning}", file=sys.stderr)
     return _Plan(strategy, compare, device, dtype, encoder_device, request, outputs, cache, layout)
+
+
+def check_class_option(args: argparse.Namespace, kind: Optional[str]) -> None:
+    """Refuse ``--class`` for a model that takes a prompt (``kind`` None: a hub id, checked again once loaded)."""
+    from ..errors import InferenceError
+    from ..infer.limits import CLASS_CONDITIONAL
+
+    if args.class_label is not None and kind is not None and kind != CLASS_CONDITIONAL:
+        raise InferenceError(
+            f"--class is for class-conditional models such as tiny-dit; {args.model!r} is {kind}: describe what to "
+            "make with --prompt"
+        )
 
 
 def _layout(args: argparse.Namespace):
@@ -271,6 +285,7 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
         cache=plan.cache,
     )
     request = plan.request
+    check_class_option(args, loaded.kind)  # a hub id's kind is known now
     if loaded.kind != TEXT_TO_VIDEO and plan.outputs.image.suffix.lower() in VIDEO_FORMATS:  # a hub id, now known
         raise InferenceError(f"--output {str(plan.outputs.image)!r}: {args.model!r} makes images, not a video")
     report: Dict[str, Any] = {

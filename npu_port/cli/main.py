@@ -1,13 +1,18 @@
 """``npu-port``: argument parsing and dispatch only; each subcommand lives in its own module.
 
-Errors npu-port raises on purpose print as one message (exit code 2); a broken ``import torch`` — the classic
-torch_npu-without-CANN failure — is diagnosed instead of dumping a traceback (exit code 3).
+Bad input is one line on stderr and exit code 2, from one of two places: argparse (a malformed option: ``npu-port
+bench: error: ...``, without the usage block, which would hide the line that matters) or an error npu-port raises
+on purpose (``npu-port: ...``). A broken ``import torch`` — the classic torch_npu-without-CANN failure — is
+diagnosed instead of dumping a traceback (exit code 3). A reader that closes stdout early (``npu-port kernels |
+head -1``) ends the command quietly with 141, as a process stopped by SIGPIPE ends in a shell.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import re
 import sys
 from typing import List, Optional
 
@@ -16,6 +21,8 @@ from .._version import __version__
 EXIT_OK = 0
 EXIT_USAGE_OR_NPU_PORT_ERROR = 2
 EXIT_BROKEN_TORCH = 3
+#: stdout closed by its reader: 128 + SIGPIPE, what a shell reports for ``yes | head -1``'s ``yes``.
+EXIT_BROKEN_PIPE = 141
 
 
 #: Subcommand -> module in npu_port.cli with ``add_parser(commands)`` and ``run(args) -> int``. Modules import
@@ -38,8 +45,26 @@ def _command_module(command: str):
     return importlib.import_module(f"{__package__}.{COMMANDS[command]}")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with two changes, inherited by every subcommand's parser (``add_subparsers`` makes them of this
+    class):
+
+    - an error is one line (``npu-port bench: error: argument --repeats: must be ...``) and exit code 2;
+    - a value that starts with a minus sign and a digit is a value, not an option (``--memory-budget -1GiB``,
+      ``--seed -1e3``), so that its own check explains it; plain argparse takes only ``-1`` and ``-1.5`` that way
+      and says ``expected one argument`` for the rest. No npu-port option looks like a number.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE_OR_NPU_PORT_ERROR, f"{self.prog}: error: {' '.join(message.splitlines())}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="npu-port",
         description="Move CUDA-era PyTorch / diffusers code onto Ascend NPUs, new GPUs and CPUs.",
     )
@@ -67,6 +92,30 @@ def _torch_import_problem() -> Optional[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # here, not at exit: a closed pipe (also under --help) is then caught below
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at the null device, so that Python's own flush at exit does not fail again (the recipe in
+    Python's ``signal`` documentation); where stdout has no file descriptor (captured in tests) there is nothing
+    left to flush."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, descriptor)
+    os.close(null)
+
+
+def _main(argv: Optional[List[str]]) -> int:
     args = _parser().parse_args(argv)
     if args.command is None:
         _parser().print_help()

@@ -76,13 +76,16 @@ def plan_target(device: Optional[str], chip: Optional[str]) -> Any:
 def check_output(path: Optional[str]) -> None:
     from pathlib import Path
 
-    from ..atomic import folder_problem
+    from ..atomic import folder_problem, link_problem
     from ..errors import PlanError
 
     if path is None:
         return
     if Path(path).is_dir():
         raise PlanError(f"--output {path!r} is a folder; give a file path such as plan.json")
+    problem = link_problem(path)
+    if problem:
+        raise PlanError(f"--output {path!r} {problem}")
     problem = folder_problem(Path(path).expanduser().resolve().parent)
     if problem:
         raise PlanError(f"--output {path!r}: cannot write there ({problem})")

@@ -101,11 +101,14 @@ def rank_report_path(path: str, environ: Mapping[str, str]) -> str:
 
 
 def _check_report_path(path: str) -> None:
-    from ..atomic import folder_problem
+    from ..atomic import folder_problem, link_problem
     from ..errors import RunError
 
     if os.path.isdir(path):
         raise RunError(f"--report {path!r} is a folder; give a file path such as run.json")
+    problem = link_problem(path)
+    if problem:
+        raise RunError(f"--report {path!r} {problem}")
     problem = folder_problem(os.path.dirname(os.path.abspath(path)))
     if problem:
         raise RunError(f"--report {path!r}: cannot write there ({problem})")

@@ -45,6 +45,23 @@ def codes(value: str):
     return [part.strip().upper() for part in value.split(",") if part.strip()]
 
 
+def check_output(path: str) -> None:
+    """Refuse an ``--output`` the report cannot be written to before scanning (a large tree takes minutes)."""
+    import os
+
+    from ..atomic import folder_problem, link_problem
+    from ..scan.engine import ScanError
+
+    if os.path.isdir(path):
+        raise ScanError(f"cannot write the report to {path}: it is a folder; give a file path such as report.json")
+    problem = link_problem(path)
+    if problem:
+        raise ScanError(f"--output {path!r} {problem}")
+    problem = folder_problem(os.path.dirname(os.path.abspath(path)))
+    if problem:
+        raise ScanError(f"cannot write the report to {path}: {problem}")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..scan import report
     from ..scan.engine import scan
@@ -57,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         from ..scan.engine import ScanError
 
         raise ScanError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.output:
+        check_output(args.output)
     try:
         result = scan(
             args.paths or ["."],

@@ -27,7 +27,11 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
     parser.add_argument(
         "--model", default="unet", choices=EXPLAIN_MODELS, help="tiny model for --explain (default: unet)"
     )
-    parser.add_argument("--show", metavar="NAME", help="print one strategy's resolved definition")
+    parser.add_argument(
+        "--show",
+        metavar="STRATEGY",
+        help="print one strategy's resolved definition (a name, a YAML path or package.module:attr, as --strategy)",
+    )
 
 
 def render(entries: List[Dict[str, Any]], searched: List[str]) -> str:
@@ -50,12 +54,13 @@ def render(entries: List[Dict[str, Any]], searched: List[str]) -> str:
     return "\n".join(lines)
 
 
-def show(name: str) -> str:
+def show(strategy: str) -> str:
+    """The definition of ``strategy``, given as every other command takes ``--strategy`` (name, path, import path)."""
     from dataclasses import asdict
 
-    from ..strategy.registry import get_strategy
+    from ..strategy.registry import resolve
 
-    data = asdict(get_strategy(name))
+    data = asdict(resolve(strategy))
     return json.dumps(data, indent=2, default=str)
 
 
@@ -65,10 +70,12 @@ def explain(strategy: str, model_name: str) -> str:
 
     from ..integrations.diffusers.tiny import tiny_inputs, tiny_model
     from ..strategy.api import set_attention_strategy
+    from ..strategy.registry import resolve
 
+    spec = resolve(strategy)  # a bad name or file is one line before the model is built
     model = tiny_model(model_name)
     inputs = tiny_inputs(model)
-    handle = set_attention_strategy(strategy, target=model)
+    handle = set_attention_strategy(spec, target=model)
     try:
         with torch.no_grad():
             model(**inputs)

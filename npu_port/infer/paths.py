@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..atomic import folder_problem
+from ..atomic import folder_problem, link_problem
 from ..errors import InferenceError
 
 # --------------------------------------------------------------------------------------------- the cache folder
@@ -208,6 +208,16 @@ def plan_outputs(
             raise InferenceError(f"--report {str(report_path)!r} is the same file as {what}; give another path")
         if name is not None and path.is_dir():
             raise InferenceError(f"the image of strategy {name!r} would be written to {path}, which is a folder")
+    for name, path in [*images.items(), (None, report_path)]:
+        problem = link_problem(path)
+        if problem is not None:
+            label = "--report" if path == report_path else ("--output" if name is None else f"the image of {name!r}")
+            raise InferenceError(f"{label} {str(path)!r} {problem}")
+    frames = earlier_frames(image) if video is not False and extension not in VIDEO_FORMATS else []
+    for frame in frames:  # a video written as images writes over an earlier run's frames NAME-000.png, ...
+        problem = link_problem(frame)
+        if problem is not None:
+            raise InferenceError(f"--output {output!r}: the frame file {str(frame)!r} {problem}")
     for label, path in (("--output", image), ("--report", report_path)):
         problem = folder_problem(path.parent)
         if problem is not None:

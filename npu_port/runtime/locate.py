@@ -18,6 +18,7 @@ import importlib.machinery
 import os
 import pkgutil
 import re
+import stat
 import sys
 from dataclasses import dataclass
 from typing import List, Mapping, Optional, Sequence, Tuple
@@ -178,6 +179,20 @@ def not_found(name: str, found: Found, where: str) -> str:
     return f"no module named {name!r} {where}" if not found.problem else f"no module named {name!r}: {found.problem}"
 
 
+def file_kind(path: str) -> str:
+    """What a path that exists but is not a regular file or folder is, in words (for messages)."""
+    mode = os.stat(path).st_mode
+    for test, kind in (
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return "not a file"
+
+
 def resolve_entry(target: str, as_module: bool, cwd: Optional[str] = None) -> EntryPoint:
     """The entry point ``npu-port run [-m] target`` names, or a :class:`RunError` saying why there is none."""
     cwd = os.path.abspath(cwd or os.getcwd())
@@ -187,6 +202,8 @@ def resolve_entry(target: str, as_module: bool, cwd: Optional[str] = None) -> En
             if os.path.isfile(os.path.join(script, "__main__.py")):
                 return EntryPoint("script", target, os.path.join(script, "__main__.py"), script)
             raise RunError(f"{target!r} is a folder without __main__.py; give a script, or -m package.module")
+        if os.path.exists(script) and not os.path.isfile(script):  # /dev/null, a FIFO: python would read no script
+            raise RunError(f"{target!r} is not a regular file ({file_kind(script)}); give the path of a Python script")
         if not os.path.isfile(script):
             hint = ""
             if not target.endswith(".py") and locate_module(target, [cwd, *sys.path[1:]]) is not None:

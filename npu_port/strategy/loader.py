@@ -55,6 +55,8 @@ def decode(data: bytes, path: str) -> str:
 
 
 def read_file(path: Path) -> RawStrategy:
+    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO would block the read; /dev/zero never end
+        raise StrategyFileError(str(path), 1, "not a regular file; give the path of a YAML file")
     try:
         data = path.read_bytes()
     except OSError as exc:

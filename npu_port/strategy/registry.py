@@ -7,6 +7,7 @@ first use and re-parsed when they change on disk, so editing a profile needs no 
 
 from __future__ import annotations
 
+import errno
 import importlib
 import inspect
 import os
@@ -77,11 +78,16 @@ class StrategyFileWarning(UserWarning):
 
 def load_strategy_file(path: Union[str, os.PathLike]) -> Strategy:
     """The strategy in one YAML file (schema-checked, ``extends`` resolved)."""
-    path = Path(path).expanduser().resolve()
+    given = Path(path).expanduser()
     try:
+        path = given.resolve()
         mtime = path.stat().st_mtime
-    except OSError:
+    except FileNotFoundError:
         raise StrategyFileError(str(path), 1, "no such strategy file") from None
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a link loop, before Python 3.13 (ELOOP after)
+        loop = isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == errno.ELOOP
+        reason = "a link that loops" if loop else (exc.strerror or type(exc).__name__)
+        raise StrategyFileError(str(given.absolute()), 1, f"cannot read the file: {reason}") from None
     key = (str(path), mtime)
     cached, kernels_then = _PARSED.get(key, (None, None))
     if cached is not None and kernels_then is not None and kernels_then != registry_snapshot():
@@ -197,7 +203,7 @@ def register_strategy(
         if kernel is not None:
             picked, mode = (kernel,), "fixed"
         elif candidates is not None:
-            picked, mode = check_candidates(list(candidates)), (mode if mode != "fixed" else "first")
+            picked, mode = check_candidates(candidates), (mode if mode != "fixed" else "first")
         if select is not None:
             mode = select
             if not picked and processor is None and mode in ("first", "measure"):

@@ -150,7 +150,7 @@ def _check(raw: RawStrategy) -> None:
             if not isinstance(data["candidates"], list):  # in a file the list form is required: no guessing
                 raise ValueError(f"candidates must be a non-empty list of kernel names, got {data['candidates']!r}")
             check_candidates(data["candidates"])
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             _fail(raw, ("candidates",), str(exc))
     _check_kernel_names(raw)
     if data.get("processor") is not None:

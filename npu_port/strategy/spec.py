@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from ..errors import StrategyOptionError
@@ -54,23 +55,25 @@ _UNITS = {
 }
 
 
-def parse_size(value: Any) -> int:
+def parse_size(value: Any, name: str = "memory_budget") -> int:
     """A byte count from an int or a string such as ``"512MiB"`` or ``"2GiB"`` (:class:`InvalidSetting`, a
-    ``ValueError``, otherwise)."""
+    ``ValueError``, otherwise). ``name`` is what the message calls the value (``--memory-budget`` on the CLI)."""
     if isinstance(value, bool):
-        raise InvalidSetting(f"memory_budget must be a byte count or a size such as '512MiB', got {value!r}")
+        raise InvalidSetting(f"{name} must be a byte count or a size such as '512MiB', got {value!r}")
     if isinstance(value, int):
         size = value
     elif isinstance(value, str) and _SIZE.match(value):
         number, unit = _SIZE.match(value).groups()
-        size = int(float(number) * _UNITS[unit])
+        size = int(Fraction(number) * _UNITS[unit])  # exact: a float would overflow on a long string of digits
+    elif isinstance(value, str) and value.strip().startswith("-") and _SIZE.match(value.strip()[1:]):
+        raise InvalidSetting(f"{name} must be a positive size such as '4GiB' or '512MiB', got {value!r}")
     else:
         raise InvalidSetting(
-            f"memory_budget must be a byte count or a size such as '512MiB' (units: B, KiB, MiB, GiB, TiB, KB, MB, "
+            f"{name} must be a byte count or a size such as '512MiB' (units: B, KiB, MiB, GiB, TiB, KB, MB, "
             f"GB, TB), got {value!r}"
         )
     if size < 1:
-        raise InvalidSetting(f"memory_budget must be at least 1 byte, got {value!r}")
+        raise InvalidSetting(f"{name} must be at least 1 byte, got {value!r}")
     return size
 
 
@@ -316,8 +319,17 @@ class Strategy:
 
 
 def check_candidates(value: Any) -> Tuple[str, ...]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"candidates must be a non-empty list of kernel names, got {value!r}")
+    """The kernel names of ``candidates=`` in order, duplicates dropped. A string is refused, not taken as one name:
+    ``candidates="sdpa"`` reads like a list of one, but everywhere else in Python a string is a sequence of letters,
+    and guessing here would hide the mistake in the next call that passes a string of several names."""
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(
+            f"candidates must be a list of kernel names such as ['sdpa', 'math'], got {type(value).__name__} {value!r}"
+        )
+    wrong = [item for item in value if not isinstance(item, str)]
+    if wrong:
+        first = wrong[0]
+        raise TypeError(f"candidates must be a list of kernel names (strings), got {type(first).__name__} {first!r}")
+    if not value:
+        raise ValueError("candidates must be a non-empty list of kernel names, got []")
     return tuple(dict.fromkeys(value))

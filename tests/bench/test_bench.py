@@ -190,9 +190,7 @@ def test_bad_device_and_budget_are_explained(capsys):
         assert main(["bench", "--device", "cuda", "--shapes", TINY]) == 2
         assert "npu-port: device 'cuda' (argument) is not usable here: this torch " in capsys.readouterr().err
     assert main(["bench", "--memory-budget", "lots", "--shapes", TINY]) == 2
-    assert "npu-port: --memory-budget: memory_budget must be a byte count or a size such as '512MiB'" in (
-        capsys.readouterr().err
-    )
+    assert "npu-port: --memory-budget must be a byte count or a size such as '512MiB'" in (capsys.readouterr().err)
 
 
 def test_missing_matplotlib_fails_before_measuring_and_no_plot_skips_it(tmp_path, monkeypatch, capsys):

@@ -263,9 +263,10 @@ def test_explain_works_where_import_torch_fails(tmp_path):
     assert done.stdout.startswith("507015  ACL_ERROR_RT_AICORE_EXCEPTION  (CANN runtime (ACL return code))\n")
 
 
-def test_a_reader_that_stops_early_ends_the_output_quietly(monkeypatch):
-    """``npu-port doctor --explain list | head``: the closed pipe is not a traceback, and later writes go nowhere."""
-    from npu_port.cli import doctor_cmd
+def test_a_reader_that_stops_early_ends_the_output_quietly(monkeypatch, capsys):
+    """``npu-port doctor --explain list | head``: the closed pipe is not a traceback (exit 141, as for SIGPIPE), and
+    later writes go nowhere."""
+    from npu_port.cli.main import EXIT_BROKEN_PIPE, main
 
     read_end, write_end = os.pipe()
 
@@ -281,7 +282,8 @@ def test_a_reader_that_stops_early_ends_the_output_quietly(monkeypatch):
 
     monkeypatch.setattr(sys, "stdout", ClosedPipe())
     try:
-        doctor_cmd._emit("507015  ...")
+        assert main(["doctor", "--explain", "list"]) == EXIT_BROKEN_PIPE
+        assert capsys.readouterr().err == ""
         os.write(write_end, b"after")  # write_end is /dev/null now
         os.close(write_end)
         assert os.read(read_end, 100) == b""

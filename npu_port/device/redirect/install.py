@@ -207,8 +207,12 @@ class CudaRedirect:
     """
 
     def __init__(self, target: DeviceLike = None, *, cuda_available: bool = False):
+        if not isinstance(cuda_available, bool):  # bool("no") is True: a string would switch it on
+            raise TypeError(
+                f"cuda_available must be True or False, got {type(cuda_available).__name__} {cuda_available!r}"
+            )
         self.target = get_device(target)
-        self.cuda_available = bool(cuda_available)
+        self.cuda_available = cuda_available
         self._installs = 0
 
     @property
