@@ -103,11 +103,14 @@ class SdpaToRoute(TorchFunctionMode):
         )
 
 
+#: ``torch.compiler.is_compiling`` (torch 2.3 on), looked up once: :func:`routed_sdpa` asks it on every call.
+_IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+
+
 def _compiling() -> bool:
-    """Whether torch.compile is tracing this call (``torch.compiler.is_compiling``, torch 2.3 on; never under
-    older releases, which then break the graph here as before)."""
-    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    return bool(is_compiling is not None and is_compiling())
+    """Whether torch.compile is tracing this call; never under torch before 2.3, which then breaks the graph here
+    as before."""
+    return _IS_COMPILING is not None and _IS_COMPILING()
 
 
 def routed_sdpa(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
