@@ -7,7 +7,8 @@ the process-wide attention strategy (what the drop-ins and patched legacy attent
 the project imports diffusers, not before: importing it ourselves costs seconds, and diffusers imports xformers —
 the drop-in — as soon as it looks available), and an import watcher over the project's own modules that, as each
 is imported, rewrites its device-type checks (:mod:`.device_checks`), routes its legacy attention classes and
-applies the user's ``overrides``.
+applies the user's ``overrides`` — and that hands transformers' and diffusers' loader classes to the redirect as
+their modules are imported (their ``from_pretrained`` then gets its ``device_map`` on the target).
 :meth:`Activation.deactivate` undoes all of it in reverse order; :meth:`Activation.summary` says what was installed
 and how often each piece was used.
 """
@@ -215,6 +216,7 @@ def activate(
     from ..integrations.legacy_attention import hook_enable_xformers, is_routable_class, patch_legacy_attention
     from ..npu_setup import apply_npu_options
     from ..strategy.api import set_attention_strategy
+    from ..upstream.loaders import MODULES as LOADER_MODULES
     from .device_checks import DeviceChecks
     from .overrides import Overrides
     from .watch_imports import ImportWatcher
@@ -274,12 +276,14 @@ def activate(
         def on_import(module: ModuleType) -> None:
             if module.__name__ == "diffusers":
                 hook_diffusers()
+            elif module.__name__ in LOADER_MODULES:  # from_pretrained gets its device_map on the target
+                redirect.serve_loaders()
             requested.on_import(module)
             if activation.watcher is not None and activation.watcher.is_project_file(getattr(module, "__file__", None)):
                 route_legacy(module)
 
         activation.watcher = ImportWatcher(
-            roots, on_import, transform=activation.transform, names=[*requested.names, "diffusers"]
+            roots, on_import, transform=activation.transform, names=[*requested.names, "diffusers", *LOADER_MODULES]
         ).install()
         undo.append(activation.watcher.uninstall)
         if "diffusers" in sys.modules:

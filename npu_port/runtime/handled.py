@@ -22,7 +22,14 @@ import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..device.redirect.cuda_api import LEGACY_TENSOR_TYPES
-from ..device.redirect.install import CUDA_SAVED, FACTORY_FUNCTIONS, TENSOR_FACTORY_METHODS, UNAVAILABLE
+from ..device.redirect.install import (
+    CUDA_SAVED,
+    DEVICE_MAP_ON_CPU,
+    FACTORY_FUNCTIONS,
+    TENSOR_FACTORY_METHODS,
+    UNAVAILABLE,
+    UNPINNED,
+)
 from ..hits import PLACES
 
 #: The mechanisms, as the rules' ``handled_by`` names them.
@@ -79,9 +86,10 @@ def _cuda(code: str, names: Iterable[str]) -> Dict[str, str]:
 #: Mechanism -> {hit kind -> the rule whose pattern a hit of that kind handled}. Where the two are not one to one:
 RULES: Dict[str, Dict[str, str]] = {
     REDIRECT: {
-        # NPU301: both methods. NPU301 also reports `storage.cuda()`, which the redirect does not answer.
+        # NPU301: the three methods (`storage.cuda()`: what `map_location=lambda storage, loc: storage.cuda()` calls).
         "Tensor.cuda": "NPU301",
         "Module.cuda": "NPU301",
+        "Storage.cuda": "NPU301",
         # NPU302 is the six calls npu-port fix rewrites to npu_port.device helpers; the other memory counters
         # (memory_reserved, memory_stats...) answer 0 without CUDA and no rule reports them: NOT_A_RULE.
         **_cuda("NPU302", SYNC_MEMORY),
@@ -106,6 +114,8 @@ RULES: Dict[str, Dict[str, str]] = {
         "Module.to": "NPU310",
         "Module.to_empty": "NPU310",
         "torch.load": "NPU310",  # map_location naming a CUDA device (without one: CUDA_SAVED, NOT_A_RULE)
+        "DataLoader": "NPU310",  # pin_memory_device="cuda" (a *_device keyword)
+        "from_pretrained": "NPU310",  # device_map naming a CUDA device, alone or as a dict's value
         # NPU311: a backend naming nccl; one wrapper serves deepspeed's init_distributed and argparse defaults alike.
         "init_process_group": "NPU311",
         "new_group": "NPU311",
@@ -155,14 +165,19 @@ NOT_A_RULE: Dict[str, Dict[str, str]] = {
         "perf finding)",
         CUDA_SAVED: "torch.load without map_location of a CUDA-saved checkpoint: no CUDA is written in the code",
         "Tensor.pin_memory": "a no-op on a cpu target: pinning only speeds host-to-device copies",
+        UNPINNED: "pin_memory=True is no CUDA pattern: on a cpu target, which has nothing to pin for, it is dropped "
+        "(safetensors' CUDA loads stage through it)",
+        DEVICE_MAP_ON_CPU: "an ordinal or an automatic device_map names no CUDA device (no rule reports it): on a cpu "
+        "target torch.device(0) finds no accelerator, so the map is put on the cpu",
         "DistributedDataParallel": "device_ids mapped (or dropped on a cpu): no rule reports them",
     },
 }
 
 #: ``handled`` rules that ``npu-port run`` reaches through another rule's pattern, or not at all, and why.
 NOT_BY_RUN: Dict[str, str] = {
-    "NPU316": "run answers every torch.cuda.device_count() with the target's count, and counts none: most calls are "
-    "no rule's pattern (a count that picks a path); NPU316 is the few that would stop the program with 0",
+    "NPU316": "run answers torch.cuda.device_count() with the target's count (0 while accelerate computes an "
+    "automatic device_map for a cpu target), and counts none: most calls are no rule's pattern (a count that picks a "
+    "path); NPU316 is the few that would stop the program with 0",
     "NPU601": "a requirements pin is read by pip, not run: the import it stands for counts as NPU101 / NPU102",
     "NPU651": "a config file's xformers / flash switch is read by the project: run counts what it leads to, the "
     "drop-in import (NPU101 / NPU102) or diffusers' switch (NPU120)",

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import warnings
+from inspect import getattr_static
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from npu_port.device.redirect import patched_attributes, redirect_cuda
 from npu_port.device.redirect.install import CUDA_SAVED
 from npu_port.device.redirect.mapping import DeviceMapper
 from npu_port.errors import DeviceError, RedirectError
+from npu_port.upstream.loaders import imported_loaders
 
 from ..reference import reference_attention
 
@@ -50,6 +52,8 @@ OWNERS = (
     c10d,
     torch.nn.parallel.DistributedDataParallel,
     torch.jit,
+    torch.storage._StorageBase,
+    torch.utils.data.DataLoader,
 )
 
 CUDA_DEVICES = ["cuda", "cuda:0", "cuda:1", torch.device("cuda"), torch.device("cuda", 1), 0, 1]
@@ -86,19 +90,20 @@ def quiet():
 
 def test_uninstall_restores_every_patched_attribute_by_identity():
     before = _namespaces()
-    originals = {(owner, name): getattr(owner, name, None) for owner in OWNERS for name in dir(owner)}
+    owners = OWNERS + tuple(imported_loaders())  # transformers' / diffusers' loaders, once a test imported them
+    originals = {(owner, name): getattr_static(owner, name, None) for owner in owners for name in dir(owner)}
     redirect = redirect_cuda("cpu").install()
     patched = patched_attributes()
     assert len(patched) > 100
     for owner, name in patched:
-        assert getattr(owner, name) is not originals.get((owner, name)), f"{owner}.{name} was not replaced"
+        assert getattr_static(owner, name) is not originals.get((owner, name)), f"{owner}.{name} was not replaced"
     assert torch.Tensor.cuda is not torch._C.TensorBase.cuda
     assert redirect.uninstall() is True
     _assert_identical(before)
     assert torch.Tensor.cuda is torch._C.TensorBase.cuda
     assert "cuda" not in vars(torch.Tensor)
     for owner, name in patched:
-        assert getattr(owner, name, None) is originals.get((owner, name))
+        assert getattr_static(owner, name, None) is originals.get((owner, name))
 
 
 def test_nested_and_repeated_installs_restore_once_the_last_is_undone():

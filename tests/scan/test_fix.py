@@ -85,6 +85,8 @@ STATEMENTS = [
     "from torch.cuda import empty_cache\nempty_cache()",
     "t = torch.zeros(2, device='cuda')",
     "u2 = x.to('cuda:1')",
+    "sd = torch.load(p, map_location={'cuda:0': 'cuda:1'})",
+    "lm = M.from_pretrained(p, device_map={'': 'cuda'})",
     "dev = torch.device('cuda', 0)",
     "d3 = f'cuda:{x}'",
     "import torch.distributed as dist\ndist.init_process_group(backend='nccl')",

@@ -113,7 +113,7 @@ def _properties(target: torch.device) -> SimpleNamespace:
     )
 
 
-def _stand_ins(target: torch.device) -> Dict[str, Callable[..., Any]]:
+def _stand_ins(target: torch.device, mapper: DeviceMapper) -> Dict[str, Callable[..., Any]]:
     """Every replacement written in terms of the device-generic helpers (what a cpu or mps target uses)."""
 
     def synchronize(device: Any = None) -> None:
@@ -164,7 +164,7 @@ def _stand_ins(target: torch.device) -> Dict[str, Callable[..., Any]]:
         "get_device_name": lambda device=None: device_name(target),
         "get_device_properties": lambda device=None: _properties(target),
         "get_device_capability": lambda device=None: (0, 0),
-        "device_count": lambda: helpers.device_count(target.type),
+        "device_count": lambda: 0 if mapper.counts_no_cuda_devices() else helpers.device_count(target.type),
         "current_device": lambda: 0,
         "set_device": nothing,
         "is_bf16_supported": lambda including_emulation=True: True,
@@ -209,7 +209,7 @@ def _forwarding(module: Any, name: str, mapper: DeviceMapper) -> Optional[Callab
 
 def cuda_api(target: torch.device, mapper: DeviceMapper) -> Dict[str, Any]:
     """``{name: replacement}`` for ``torch.cuda``: the target module's own function where it has one."""
-    api = _stand_ins(target)
+    api = _stand_ins(target, mapper)
     module = getattr(torch, target.type, None) if target.type in ("npu", "xpu") else None
     if module is not None:
         for name in list(api):

@@ -35,6 +35,14 @@ TENSOR_FACTORY_METHODS = ("new_empty", "new_empty_strided", "new_full", "new_one
 UNAVAILABLE = "torch.cuda.is_available() -> False"
 #: The hit key counting ``torch.load`` calls without ``map_location`` that met CUDA-saved storages (put on the target).
 CUDA_SAVED = "torch.load (CUDA-saved storages)"
+#: Factories that take no ``pin_memory`` (or refuse pinning on every device: ``from_file``); the others have
+#: ``pin_memory=True`` dropped on a cpu target.
+NOT_PINNABLE = ("as_tensor", "asarray", "from_file", "range", "new_tensor")
+#: The hit key counting ``pin_memory=True`` dropped on a cpu target (factories and ``DataLoader``).
+UNPINNED = "pin_memory=True -> False (cpu target)"
+#: The hit key counting ``from_pretrained`` device maps put on a cpu target that name no CUDA device (an ordinal, an
+#: automatic map).
+DEVICE_MAP_ON_CPU = "from_pretrained (ordinal or automatic map -> cpu)"
 
 _lock = threading.RLock()
 
@@ -49,6 +57,8 @@ class _Installed:
         self.mapper = DeviceMapper(target.type)
         self.log = HitLog()
         self.depth = 0
+        self.loader_hits: Tuple[Any, Any] = (self.log.counter("from_pretrained"), self.log.counter(DEVICE_MAP_ON_CPU))
+        self.loaders: List[type] = []  # the from_pretrained classes patched (see :meth:`CudaRedirect.serve_loaders`)
 
 
 _active: Optional[_Installed] = None
@@ -58,16 +68,25 @@ def _plan(state: _Installed) -> List[Tuple[Any, str, Any]]:
     """Every (owner, name, replacement) for ``state.target``; nothing is changed here."""
     import torch.distributed as dist
     import torch.nn.parallel
+    import torch.utils.data
 
     mapper = state.mapper
 
     def hit(key: str):
         return state.log.counter(key)
 
+    on_cpu = state.target.type == "cpu"
+
+    def unpin(name: str) -> Any:
+        return hit(UNPINNED) if on_cpu and name not in NOT_PINNABLE else None
+
     plan: List[Tuple[Any, str, Any]] = []
     for name in FACTORY_FUNCTIONS:
         if hasattr(torch, name):
-            plan.append((torch, name, wrappers.device_keywords(getattr(torch, name), mapper, hit(f"torch.{name}"))))
+            replacement = wrappers.device_keywords(
+                getattr(torch, name), mapper, hit(f"torch.{name}"), unpin=unpin(name)
+            )
+            plan.append((torch, name, replacement))
     for name, position in (("set_default_device", 0), ("get_device_module", 0)):
         plan.append(
             (
@@ -83,8 +102,9 @@ def _plan(state: _Installed) -> List[Tuple[Any, str, Any]]:
     plan.append((torch, "Generator", wrappers.generator_proxy(torch.Generator, mapper, hit("torch.Generator"))))
 
     for name in TENSOR_FACTORY_METHODS:
+        original = getattr(torch.Tensor, name)
         plan.append(
-            (torch.Tensor, name, wrappers.device_keywords(getattr(torch.Tensor, name), mapper, hit(f"Tensor.{name}")))
+            (torch.Tensor, name, wrappers.device_keywords(original, mapper, hit(f"Tensor.{name}"), unpin=unpin(name)))
         )
     plan.append((torch.Tensor, "to", wrappers.to(torch.Tensor.to, mapper, hit("Tensor.to"))))
     plan.append((torch.Tensor, "cuda", wrappers.tensor_cuda(mapper, hit("Tensor.cuda"))))
@@ -99,6 +119,13 @@ def _plan(state: _Installed) -> List[Tuple[Any, str, Any]]:
         )
     )
     plan.append((torch.nn.Module, "cuda", wrappers.module_cuda(mapper, hit("Module.cuda"))))
+    storage = next(cls for cls in torch.UntypedStorage.__mro__ if "cuda" in vars(cls))  # torch.storage._StorageBase
+    plan.append((storage, "cuda", wrappers.storage_cuda(mapper, hit("Storage.cuda"))))
+    loader = torch.utils.data.DataLoader
+    plan.append(
+        (loader, "__init__", wrappers.data_loader_init(loader.__init__, mapper, hit("DataLoader"), hit(UNPINNED)))
+    )
+    plan.extend(_loader_patches(state))
 
     autocast = torch.amp.autocast_mode.autocast
     plan.append(
@@ -151,6 +178,22 @@ def _plan(state: _Installed) -> List[Tuple[Any, str, Any]]:
         ddp = torch.nn.parallel.DistributedDataParallel
         plan.append((ddp, "__init__", wrappers.ddp_init(ddp.__init__, mapper, hit("DistributedDataParallel"))))
     return plan
+
+
+def _loader_patches(state: _Installed) -> List[Tuple[Any, str, Any]]:
+    """``from_pretrained`` of the transformers / diffusers loader classes imported so far and not yet patched."""
+    from ...upstream.loaders import imported_loaders
+
+    found = [cls for cls in imported_loaders() if cls not in state.loaders]
+    state.loaders.extend(found)
+    return [
+        (
+            cls,
+            "from_pretrained",
+            wrappers.from_pretrained(vars(cls)["from_pretrained"], state.mapper, *state.loader_hits),
+        )
+        for cls in found
+    ]
 
 
 def _cache_device_constructors() -> None:
@@ -266,6 +309,18 @@ class CudaRedirect:
                 _active.ledger.restore()
                 _active = None
             return True
+
+    def serve_loaders(self) -> int:
+        """Take the transformers / diffusers loader classes imported since the install (``npu-port run`` calls this
+        as their modules are imported); how many were new. Their ``from_pretrained`` gets its ``device_map`` on the
+        target; uninstalling restores them with everything else."""
+        with _lock:
+            if not self.installed or _active is None:
+                return 0
+            patches = _loader_patches(_active)
+            for owner, name, replacement in patches:
+                _active.ledger.replace(owner, name, replacement)
+            return len(patches)
 
     def hits(self) -> Dict[str, int]:
         """How often each redirected entry point rewrote a call (empty once uninstalled)."""

@@ -8,7 +8,8 @@ to the original, so a training loop under the redirect runs at the speed of the 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+import os
+from typing import Any, Callable, List, Optional
 
 import torch
 
@@ -18,13 +19,26 @@ Hit = Callable[[], None]
 
 
 def device_keywords(
-    original: Callable, mapper: DeviceMapper, hit: Hit, keyword: str = "device", position: Optional[int] = None
+    original: Callable,
+    mapper: DeviceMapper,
+    hit: Hit,
+    keyword: str = "device",
+    position: Optional[int] = None,
+    unpin: Optional[Hit] = None,
 ):
-    """A factory function (``torch.zeros``...) whose ``keyword`` (or argument ``position``) may name a CUDA device."""
+    """A factory function (``torch.zeros``...) whose ``keyword`` (or argument ``position``) may name a CUDA device.
+
+    ``unpin`` (a cpu target, a factory that takes ``pin_memory``): ``pin_memory=True`` becomes False, counted by
+    ``unpin``. Pinned memory only speeds copies to an accelerator, and torch refuses it where there is none —
+    safetensors stages every CUDA load through ``torch.empty(..., pin_memory=True)``. The tensor is the same tensor,
+    only not page-locked (``is_pinned()`` is False, as it is for every cpu tensor)."""
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if kwargs:
+            if unpin is not None and kwargs.get("pin_memory"):
+                kwargs["pin_memory"] = False
+                unpin()
             value = kwargs.get(keyword)
             if value is not None:
                 mapped = mapper.device(value)
@@ -45,30 +59,38 @@ def device_keywords(
 def load(original: Callable, mapper: DeviceMapper, hit: Hit, hit_saved: Optional[Hit] = None):
     """``torch.load``: only ``map_location`` is looked at, never the file name; CUDA storages land on the target.
 
-    ``hit`` counts a CUDA ``map_location`` rewritten; ``hit_saved`` a call without one that met CUDA-saved storages
-    (counted apart: no CUDA was written in that call, and most checkpoints hold none)."""
+    ``hit`` counts a ``map_location`` naming a CUDA device, rewritten; ``hit_saved`` a call whose ``map_location``
+    said nothing about the CUDA-saved storages it met (None, a dict without their tag, a callable returning None;
+    counted apart: no CUDA was written in that call, and most checkpoints hold none). A ``.safetensors`` path, which
+    torch hands to safetensors with a device name, gets only its device mapped."""
 
     @functools.wraps(original)
     def wrapper(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if map_location is None:
-            met = []
-            restore_cuda = mapper.map_location(None)
-
-            def restore(storage: Any, location: str) -> Any:
-                if not met and mapper.is_cuda(location):
-                    met.append(location)
-                return restore_cuda(storage, location)
-
-            result = original(f, restore, *args, **kwargs)
+        if map_location is None or isinstance(map_location, dict) or callable(map_location):
+            if _safetensors_path(f):  # torch refuses a dict or a callable there itself; None means "cpu"
+                return original(f, map_location, *args, **kwargs)
+            met: List[str] = []
+            mapped = mapper.map_location(map_location, met.append)
+            if isinstance(map_location, dict) and mapped != map_location:
+                hit()
+            result = original(f, mapped, *args, **kwargs)
             if met and hit_saved is not None:
                 hit_saved()
             return result
         mapped = mapper.map_location(map_location)
-        if mapped is not map_location and mapped != map_location:  # a dict comes back new even when nothing changed
+        if mapped is not map_location:
             hit()
         return original(f, mapped, *args, **kwargs)
 
     return wrapper
+
+
+def _safetensors_path(f: Any) -> bool:
+    """What ``torch.load`` (2.9 onwards) passes to ``safetensors.torch.load_file``: a path ending ``.safetensors``."""
+    if not isinstance(f, (str, os.PathLike)):
+        return False
+    path = os.fspath(f)
+    return isinstance(path, str) and path.endswith(".safetensors")
 
 
 def to(original: Callable, mapper: DeviceMapper, hit: Hit):
@@ -117,6 +139,89 @@ def pin_memory_on_cpu(hit: Hit):
 
     pin_memory.__doc__ = pin_memory_on_cpu.__doc__
     return pin_memory
+
+
+def storage_cuda(mapper: DeviceMapper, hit: Hit):
+    """``storage.cuda(device=None, non_blocking=False)`` -> ``storage.to(device=<target>)``: what
+    ``torch.load(..., map_location=lambda storage, loc: storage.cuda())`` calls (a typed storage's ``cuda`` calls its
+    untyped storage's, counted once)."""
+
+    def cuda(self: Any, device: Any = None, non_blocking: bool = False) -> Any:
+        hit()
+        target = mapper.target if device is None else mapper.device(device)
+        return self.to(device=target, non_blocking=non_blocking)
+
+    cuda.__doc__ = f"storage.cuda redirected by npu-port to {mapper.target}."
+    return cuda
+
+
+#: Where ``DataLoader.__init__`` takes ``pin_memory`` positionally (after ``dataset, batch_size, shuffle, sampler,
+#: batch_sampler, num_workers, collate_fn``: the same in every torch release).
+_PIN_MEMORY_POSITION = 7
+
+
+def data_loader_init(original: Callable, mapper: DeviceMapper, hit: Hit, unpin: Hit):
+    """``DataLoader(..., pin_memory=True, pin_memory_device="cuda")``: a CUDA ``pin_memory_device`` goes to the
+    target (``hit``); a cpu target, which has nothing to pin for, loads unpinned (``unpin``) — the same batches,
+    without torch's warnings that no accelerator was found and that ``pin_memory_device`` is ignored."""
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs:
+            device = kwargs.get("pin_memory_device")
+            if device and mapper.is_cuda(device):  # a cpu target takes the default, "" (nothing is pinned)
+                kwargs["pin_memory_device"] = mapper.device(device, ints=False) if mapper.indexed else ""
+                hit()
+            if not mapper.indexed and kwargs.get("pin_memory"):
+                kwargs["pin_memory"] = False
+                unpin()
+        if not mapper.indexed and len(args) > _PIN_MEMORY_POSITION and args[_PIN_MEMORY_POSITION]:
+            args = args[:_PIN_MEMORY_POSITION] + (False,) + args[_PIN_MEMORY_POSITION + 1 :]
+            unpin()
+        return original(self, *args, **kwargs)
+
+    return __init__
+
+
+#: ``device_map`` values with which accelerate places the weights itself, from each device's free memory.
+AUTOMATIC_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def from_pretrained(original: Any, mapper: DeviceMapper, hit: Hit, hit_cpu: Hit):
+    """``from_pretrained(..., device_map=...)`` of transformers' and diffusers' loaders (``original``: the
+    classmethod object itself): the map is given to the library already on the target
+    (:meth:`DeviceMapper.device_map`), so it takes its own path for that device from the start; ``hit`` counts a
+    CUDA device named in it.
+
+    On a cpu target an ordinal (``{"": 0}``, ``{"": local_rank}``) becomes ``"cpu"``, and an automatic map is
+    computed as on a machine without CUDA: accelerate counts devices with ``torch.cuda.device_count()``, which the
+    redirect answers with the cpu's 1, and would place weights on ordinal 0; during the call, on this thread, it
+    answers 0. Both are counted by ``hit_cpu``. ``torch_dtype`` and every other argument pass through unchanged."""
+    function = original.__func__
+
+    @functools.wraps(function)
+    def wrapper(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        device_map = kwargs.get("device_map")
+        if device_map is None:
+            return function(cls, *args, **kwargs)
+        if type(device_map) is str and device_map in AUTOMATIC_MAPS:
+            if mapper.indexed or mapper.counts_no_cuda_devices():  # an npu's devices are its own; a pipeline's
+                return function(cls, *args, **kwargs)  # components, loaded inside its call, are counted with it
+            hit_cpu()
+            with mapper.without_cuda_devices():
+                return function(cls, *args, **kwargs)
+        mapped = mapper.device_map(device_map)
+        if mapped is not device_map:
+            kwargs["device_map"] = mapped
+            (hit if _names_cuda(mapper, device_map) else hit_cpu)()
+        return function(cls, *args, **kwargs)
+
+    return classmethod(wrapper)
+
+
+def _names_cuda(mapper: DeviceMapper, device_map: Any) -> bool:
+    values = device_map.values() if isinstance(device_map, dict) else (device_map,)
+    return any(mapper.is_cuda(value) for value in values)
 
 
 def module_cuda(mapper: DeviceMapper, hit: Hit):

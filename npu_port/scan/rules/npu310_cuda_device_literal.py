@@ -70,7 +70,8 @@ def _target_name(target: ast.AST) -> Optional[str]:
 class CudaDeviceLiteral(Rule):
     """A CUDA device written as a string in a place that takes a device: ``device="cuda"`` and any keyword named
     ``*_device`` or ``device_map`` (any call), ``.to("cuda")``, ``torch.device("cuda")``, ``torch.device("cuda",
-    i)``, ``map_location="cuda:0"``, ``device = "cuda"`` / ``DEVICE = "cuda"`` / ``self.device = f"cuda:{rank}"``,
+    i)``, ``map_location="cuda:0"``, a value of a dict there (``map_location={"cuda:0": "cuda:1"}``, ``device_map={"":
+    "cuda:0"}``: the keys are kept), ``device = "cuda"`` / ``DEVICE = "cuda"`` / ``self.device = f"cuda:{rank}"``,
     a ``device="cuda"`` / ``device_map="cuda"`` parameter default, an argparse ``--device`` option defaulting to
     ``"cuda"``, a name of any spelling assigned ``"cuda"`` once and used in one of these places (reported where it
     is assigned); also ``"cuda:" + str(i)``, ``"cuda:{}".format(i)`` and ``"cuda" if ... else "cpu"``. The string
@@ -129,6 +130,9 @@ class CudaDeviceLiteral(Rule):
             value = argument(call, 0, "type" if qualified == "torch.device" else "device")
             return [value] if value is not None else []
         values = [k.value for k in call.keywords if k.arg and (k.arg in DEVICE_KEYWORDS or _device_name(k.arg))]
+        # a dict there maps names to devices (map_location={"cuda:0": "cuda:1"}, device_map={"": "cuda:0"}): its
+        # values are devices; its keys are tags or module names, kept as written
+        values += [item for value in values if isinstance(value, ast.Dict) for item in value.values]
         func = call.func
         if isinstance(func, ast.Attribute) and func.attr == "to" and call.args:
             values.append(call.args[0])
