@@ -56,8 +56,8 @@ Decision = Tuple[Optional[ModuleType], Optional[Reason]]
 
 class Routes:
     """What served each call that reached the routing: flash_attn_npu (counted per drop-in function) or npu-port's
-    emulation (counted per reason code, with the first message of each code), each with the first places in the
-    user's code that made such a call (:class:`~npu_port.hits.HitLog`)."""
+    emulation (counted per reason code, with the first message of each code), each with the first places that made
+    such a call, in the project or in a library (:class:`~npu_port.hits.HitLog`)."""
 
     def __init__(self) -> None:
         self.delegated = HitLog()
@@ -79,8 +79,9 @@ class Routes:
         """``{"flash_attn_npu": {function: {"count", "where"}}, "emulation": {code: {"count", "reason", "where"}}}``
         (JSON-ready: places as ``"file:line"``, first-come)."""
 
-        def places(hit: Dict[str, Any]) -> list:
-            return [f"{filename}:{line}" for _, (filename, line) in sorted(hit["where"], key=lambda item: item[0])]
+        def places(hit: Dict[str, Any]) -> list:  # the project's and the libraries' (the report's by_rule splits them)
+            found = [*hit["where"], *(place for item in hit["libraries"].values() for place in item["where"])]
+            return [f"{filename}:{line}" for _, (filename, line) in sorted(found, key=lambda item: item[0])]
 
         delegated = {
             kind: {"count": hit["count"], "where": places(hit)} for kind, hit in self.delegated.snapshot().items()

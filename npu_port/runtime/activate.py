@@ -60,16 +60,24 @@ class Activation:
         from ..dropins.finder import registered
         from ..dropins.flash_attn_npu import ROUTES
         from ..integrations.legacy_attention import hooked_routes
+        from ..strategy.tally import TALLY
         from ..upstream import declines
-        from .handled import by_rule
+        from .handled import by_library, by_rule
 
         served = {name: list(r.served) for name, r in registered().items() if r.served}
         importers = {name: dict(r.imported_by) for name, r in registered().items() if r.served}
         reasons = {name: r.reason for name, r in registered().items() if r.served and r.reason}
+        routes = [route for route in TALLY.routes() if route["calls"]]
+        calls = TALLY.calls()
+        hits = self._hits()
         return {
             "device": str(self.device),
-            "strategy": {"requested": self.strategy.strategy.name, "resolved": self.strategy.name},
-            "attention_calls": dict(self.strategy.calls),
+            "strategy": {
+                "requested": self.strategy.strategy.name,
+                "resolved": "+".join(calls) if calls else self.strategy.name,  # most used first
+            },
+            "attention_calls": calls,
+            "attention_routes": routes,
             "redirect": {"target": str(self.redirect.target), "hits": self.redirect.hits()},
             "drop_ins": {
                 "installed": list(self.dropins),
@@ -93,7 +101,8 @@ class Activation:
             "overrides": self.overrides.summary() if self.overrides is not None else [],
             "safe_math": self.safe_math,
             "npu_options": self.npu_options.as_dict() if self.npu_options is not None else None,
-            "by_rule": by_rule(self._hits()),
+            "by_rule": by_rule(hits),
+            "by_library": by_library(hits),
             "declines": [decline.as_dict() for decline in declines()],
         }
 
@@ -123,7 +132,6 @@ class Activation:
 
         data = self.summary()
         hits = ", ".join(f"{k} x{v}" for k, v in sorted(data["redirect"]["hits"].items())) or "none"
-        calls = ", ".join(f"{k} x{v}" for k, v in sorted(data["attention_calls"].items())) or "none"
         served = []
         for kind in ("drop_ins", "fallbacks"):
             for name in data[kind]["served"]:
@@ -131,7 +139,7 @@ class Activation:
                 served.append(f"{name} (imported by {importer})" if importer else name)
         lines = [
             f"npu-port run: device {data['device']}; attention strategy {data['strategy']['requested']} "
-            f"-> {data['strategy']['resolved']} ({calls})",
+            f"-> {data['strategy']['resolved']} ({_format_calls(data['attention_calls'], data['attention_routes'])})",
             f"  cuda redirect hits: {hits}",
             f"  stand-ins served: {', '.join(served) or 'none'}",
             f"  legacy attention classes routed: {', '.join(data['legacy_attention_classes']) or 'none'}",
@@ -149,7 +157,7 @@ class Activation:
         if data["npu_options"] is not None:
             mode = "dry run" if data["npu_options"]["dry_run"] else "applied"
             lines.append(f"  Ascend options ({mode}): {len(data['npu_options']['actions'])} settings")
-        lines += format_by_rule(data["by_rule"])
+        lines += format_by_rule(data["by_rule"], libraries=data["by_library"])
         lines += [f"  not routed: {decline['message']}" for decline in data["declines"]]
         return "\n".join(lines)
 
@@ -157,6 +165,21 @@ class Activation:
         """Undo everything, last installed first; safe to call twice."""
         while self._undo:
             self._undo.pop()()
+
+
+def _format_calls(calls: Dict[str, int], routes: List[Dict[str, Any]]) -> str:
+    """The attention calls per kernel, and through what they ran unless all through the process-wide strategy:
+    ``sdpa x381 via Pipe.enable_xformers_memory_efficient_attention()``; per route when several routed calls
+    (``sdpa x385: 4 process-wide, 381 via Pipe.enable_xformers_memory_efficient_attention()``)."""
+    from ..strategy.tally import PROCESS_WIDE
+
+    text = ", ".join(f"{kernel} x{count}" for kernel, count in sorted(calls.items())) or "none"
+    ways = [route["via"] if route["via"] == PROCESS_WIDE else f"via {route['via']}" for route in routes]
+    if not routes or ways == [PROCESS_WIDE]:
+        return text
+    if len(routes) == 1:
+        return f"{text} {ways[0]}"
+    return f"{text}: " + ", ".join(f"{sum(route['calls'].values())} {way}" for route, way in zip(routes, ways))
 
 
 def _format_flash_attn_routes(routes: Dict[str, Any]) -> List[str]:
@@ -216,6 +239,7 @@ def activate(
     from ..integrations.legacy_attention import hook_enable_xformers, is_routable_class, patch_legacy_attention
     from ..npu_setup import apply_npu_options
     from ..strategy.api import set_attention_strategy
+    from ..strategy.tally import TALLY
     from ..upstream.loaders import MODULES as LOADER_MODULES
     from .device_checks import DeviceChecks
     from .overrides import Overrides
@@ -239,6 +263,8 @@ def activate(
         ROUTES.clear()  # and which of them flash_attn_npu computed
         fallbacks = install_builtin_fallbacks()
         undo.append(uninstall_builtin_fallbacks)
+        TALLY.open()  # every routed attention call, whatever applies its strategy (the summary's count)
+        undo.append(TALLY.close)
         handle = set_attention_strategy(profile or strategy or "auto")
         undo.append(handle.restore)
         safe_math = None

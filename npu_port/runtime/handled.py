@@ -1,6 +1,7 @@
 """Which scan rule each thing ``npu-port run`` handled is an instance of: the one table from a mechanism's hit kind
 to a rule code, and the report's ``by_rule`` section built from it (``npu-port scan`` lists the same codes as
-"handled", so the two can be compared).
+"handled", so the two can be compared) — the calls the project's own code made — with ``by_library`` beside it: the
+calls torch or an installed package made on its own account (who made a call: :mod:`npu_port.hits`).
 
 Each mechanism counts what it answered in a :class:`npu_port.hits.HitLog` under kinds of its own — the CUDA
 redirect per patched entry point (``"Tensor.cuda"``, ``"torch.cuda.synchronize"``), a drop-in or fallback per module
@@ -188,48 +189,67 @@ NOT_BY_RUN: Dict[str, str] = {
 #: The CUDA legacy tensor types, answered as classes and not counted (see NPU304 above).
 UNCOUNTED_CLASSES = ("Stream", "device", *LEGACY_TENSOR_TYPES)
 
-Snapshot = Mapping[str, Mapping[str, Any]]  # HitLog.snapshot(): {kind: {"count": n, "where": [(order, place)]}}
+#: HitLog.snapshot(): {kind: {"count", "project", "where": [(order, place)], "libraries": {name: {"count", "where"}}}}
+Snapshot = Mapping[str, Mapping[str, Any]]
 
 
 def device_check_hits(rewrites: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
     """The device-type checks' record (:meth:`DeviceChecks.summary`) as a hit snapshot: the rewrites that answered
-    "cuda" at least once, in the order they were made."""
+    "cuda" at least once, in the order they were made (all the project's: only its own files are rewritten)."""
     answered = [item for item in rewrites if item["hits"]]
     if not answered:
         return {}
-    return {
-        DEVICE_CHECK: {
-            "count": sum(item["hits"] for item in answered),
-            "where": [(index, (item["file"], item["line"])) for index, item in enumerate(answered)],
-        }
-    }
+    count = sum(item["hits"] for item in answered)
+    where = [(index, (item["file"], item["line"])) for index, item in enumerate(answered)]
+    return {DEVICE_CHECK: {"count": count, "project": count, "where": where, "libraries": {}}}
 
 
 def by_rule(sources: Iterable[Tuple[str, Optional[Snapshot]]]) -> Dict[str, Dict[str, Any]]:
     """``{code: {"name", "count", "where": ["file:line", ...]}}``, sorted by code, from ``(mechanism, snapshot)``
-    pairs; ``where`` holds the first :data:`~npu_port.hits.PLACES` places, first-come across mechanisms. Kinds in
-    :data:`NOT_A_RULE` are left out."""
-    counts: Dict[str, int] = {}
-    places: Dict[str, List[Tuple[int, Tuple[str, int]]]] = {}
+    pairs: the hits the project's own code made (see :mod:`npu_port.hits`); ``where`` holds the first
+    :data:`~npu_port.hits.PLACES` places, first-come across mechanisms. Kinds in :data:`NOT_A_RULE` are left out."""
+    return _by_rule((code, hit["project"], hit["where"]) for code, hit in _coded(sources))
+
+
+def by_library(sources: Iterable[Tuple[str, Optional[Snapshot]]]) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    """``{library: {code: {"name", "count", "where"}}}``, sorted by name then code: the hits a library made (torch,
+    an installed package; ``"(no caller)"`` for callbacks with no caller frame), as :func:`by_rule` lists the
+    project's."""
+    hits: Dict[str, List[Tuple[str, int, Sequence[Any]]]] = {}
+    for code, hit in _coded(sources):
+        for library, item in hit["libraries"].items():
+            hits.setdefault(library, []).append((code, item["count"], item["where"]))
+    return {library: _by_rule(hits[library]) for library in sorted(hits)}
+
+
+def _coded(sources: Iterable[Tuple[str, Optional[Snapshot]]]) -> Iterable[Tuple[str, Mapping[str, Any]]]:
+    """``(code, hit)`` for every kind hit that is a rule's pattern."""
     for mechanism, snapshot in sources:
         table = RULES.get(mechanism, {})
         for kind, hit in (snapshot or {}).items():
             code = table.get(kind)
-            if code is None:
-                continue
-            counts[code] = counts.get(code, 0) + hit["count"]
-            places.setdefault(code, []).extend(hit["where"])
+            if code is not None:
+                yield code, hit
+
+
+def _by_rule(hits: Iterable[Tuple[str, int, Sequence[Any]]]) -> Dict[str, Dict[str, Any]]:
+    counts: Dict[str, int] = {}
+    places: Dict[str, List[Tuple[int, Tuple[str, int]]]] = {}
+    for code, count, where in hits:
+        if count:
+            counts[code] = counts.get(code, 0) + count
+            places.setdefault(code, []).extend(where)
     result = {}
     for code in sorted(counts):
-        where: List[str] = []
+        shown: List[str] = []
         for _, (filename, line) in sorted(places[code], key=lambda item: item[0]):
             text = f"{filename}:{line}"
-            if text not in where:
-                where.append(text)
+            if text not in shown:
+                shown.append(text)
         count = counts[code]
-        if code in IMPORT_CODES and where:  # `import xformers.ops` serves two modules from one line: one import
-            count = len(where)
-        result[code] = {"name": NAMES[code], "count": count, "where": where[:PLACES]}
+        if code in IMPORT_CODES and shown:  # `import xformers.ops` serves two modules from one line: one import
+            count = len(shown)
+        result[code] = {"name": NAMES[code], "count": count, "where": shown[:PLACES]}
     return result
 
 
@@ -238,20 +258,38 @@ def by_rule(sources: Iterable[Tuple[str, Optional[Snapshot]]]) -> Dict[str, Dict
 IMPORT_CODES = frozenset(("NPU101", "NPU102", "NPU103"))
 
 
-def format_by_rule(handled: Mapping[str, Mapping[str, Any]], folder: Optional[str] = None) -> List[str]:
-    """The summary's lines for ``by_rule`` (paths under ``folder``, default the working directory, made relative)."""
-    if not handled:
-        return ["  handled, by scan rule: none"]
+def format_by_rule(
+    handled: Mapping[str, Mapping[str, Any]],
+    folder: Optional[str] = None,
+    libraries: Optional[Mapping[str, Mapping[str, Mapping[str, Any]]]] = None,
+) -> List[str]:
+    """The summary's lines for ``by_rule`` (paths under ``folder``, default the working directory, made relative),
+    then for ``by_library`` when a library made calls (paths below ``site-packages``)."""
     folder = os.path.abspath(folder or os.getcwd())
-    lines = ["  handled, by scan rule (npu-port scan lists these codes as handled):"]
-    for code, item in handled.items():
-        where = ", ".join(_shown(place, folder) for place in item["where"])
-        lines.append(f"    {code} {item['name']} x{item['count']}" + (f"  ({where})" if where else ""))
+    if not handled:
+        lines = ["  handled, by scan rule: none"]
+    else:
+        lines = ["  handled, by scan rule (npu-port scan lists these codes as handled):"]
+        lines += [_line(f"    {code}", item, folder) for code, item in handled.items()]
+    if libraries:
+        lines.append("  handled inside libraries (calls their own code made, not lines of yours):")
+        for library, codes in libraries.items():
+            lines += [_line(f"    {library} {code}", item, folder) for code, item in codes.items()]
     return lines
+
+
+def _line(head: str, item: Mapping[str, Any], folder: str) -> str:
+    where = ", ".join(_shown(place, folder) for place in item["where"])
+    return f"{head} {item['name']} x{item['count']}" + (f"  ({where})" if where else "")
 
 
 def _shown(place: str, folder: str) -> str:
     filename, _, line = place.rpartition(":")
     if os.path.isabs(filename) and filename.startswith(folder + os.sep):
         filename = os.path.relpath(filename, folder)
+    else:
+        for marker in (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep):
+            if marker in filename:
+                filename = filename.split(marker, 1)[1]
+                break
     return f"{filename}:{line}"

@@ -20,6 +20,7 @@ from .process import STATE
 from .registry import import_attr, is_processor_class, resolve
 from .router import StrategyRouter
 from .spec import Strategy
+from .tally import TALLY
 
 
 class StrategyHandle:
@@ -122,6 +123,8 @@ class StrategyHandle:
             STATE.deactivate(self)
         elif self.applied is not None:
             self.applied.restore()
+        if self.router is not None:
+            TALLY.fold(self.router)
         self.restored = True
 
     def __enter__(self) -> "StrategyHandle":
@@ -192,6 +195,7 @@ def apply_router(router: StrategyRouter, target: Any = None) -> StrategyHandle:
     else:
         handle.applied = applier_for(target).apply(target, router)
         _apply_fuse_ops(handle, target)
+    TALLY.record(router, router.strategy.name, target)  # npu-port run counts every routed call (see .tally)
     return handle
 
 

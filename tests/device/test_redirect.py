@@ -233,7 +233,8 @@ def test_hits_are_placed_at_the_lines_that_asked_for_cuda(quiet):
         for _ in range(3):
             torch.cuda.nvtx.range_push("step")
             torch.cuda.nvtx.range_pop()
-        places = {kind: [place for _, place in where] for kind, where in redirect.hit_log().places.items()}
+        places = {kind: [place for _, place in where] for (kind, owner), where in redirect.hit_log().places.items()}
+        owners = {owner for _, owner in redirect.hit_log().owned}
         counts = redirect.hits()
     assert places == {
         "torch.zeros": [(__file__, line + 2)],
@@ -244,6 +245,7 @@ def test_hits_are_placed_at_the_lines_that_asked_for_cuda(quiet):
         "torch.cuda.nvtx.range_push": [(__file__, line + 8)],
         "torch.cuda.nvtx.range_pop": [(__file__, line + 9)],
     }
+    assert owners == {"<project>"}  # each made by this file's own line (npu_port.hits: who made a call)
     assert counts["torch.cuda.nvtx.range_push"] == counts["torch.cuda.nvtx.range_pop"] == 3
     assert redirect.hit_log() is None  # uninstalled
 

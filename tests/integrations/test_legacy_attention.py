@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import npu_port
+from npu_port.hits import PROJECT
 from npu_port.integrations.diffusers import RoutedAttnProcessor, tiny
 from npu_port.integrations.legacy_attention import (
     LegacyPatch,
@@ -602,9 +603,9 @@ def test_unhook_restores_the_routes_and_the_diffusers_methods():
     model.set_use_memory_efficient_attention_xformers(True)
     assert xformers_route(unet).strategy.strategy.name == "sdpa" and active_patches()
     assert hook_hits().counts == {ENABLE: 1, XFORMERS_SETTER: 2}  # what npu-port run lists as NPU120
-    assert {kind: [place for _, place in where] for kind, where in hook_hits().places.items()} == {
-        ENABLE: [(__file__, line + 1)],
-        XFORMERS_SETTER: [(__file__, line + 2), (__file__, line + 4)],
+    assert {key: [place for _, place in where] for key, where in hook_hits().places.items()} == {  # this file's
+        (ENABLE, PROJECT): [(__file__, line + 1)],
+        (XFORMERS_SETTER, PROJECT): [(__file__, line + 2), (__file__, line + 4)],
     }
     hook()  # the hook is its own undo callable (what npu_port.activate keeps)
     unhook_enable_xformers()  # nothing left to do: safe

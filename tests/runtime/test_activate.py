@@ -13,6 +13,9 @@ from npu_port.dropins.finder import StandInFinder, registered
 from npu_port.runtime.launch import run_entry
 from npu_port.runtime.locate import resolve_entry
 from npu_port.runtime.watch_imports import ImportWatcher
+from npu_port.strategy.tally import TALLY
+
+from ..holding_applier import Model, holding_applier
 
 
 def test_activate_then_deactivate_leaves_nothing_behind(tmp_path):
@@ -81,3 +84,41 @@ def test_an_entry_script_whose_device_type_check_is_rewritten_runs(tmp_path):
         activation.deactivate()
     assert (outcome.status, outcome.error) == ("completed", None)
     assert [(c["line"], c["hits"]) for c in checks] == [(3, 1)]
+
+
+def test_every_routed_attention_call_is_counted_and_the_summary_says_through_what():
+    """The process-wide strategy's calls (drop-ins, legacy attention) and those of a strategy a hook applied to a
+    pipeline are one count; the first summary line names the kernels that ran and, when not only the process-wide
+    strategy routed, through what."""
+    activation = npu_port.activate("cpu", "sdpa")
+    q = torch.randn(1, 2, 4, 8)
+    try:
+        with holding_applier():
+            assert activation.format_summary().splitlines()[0] == (
+                "npu-port run: device cpu; attention strategy sdpa -> sdpa (none)"
+            )
+            model = Model()
+            with TALLY.via("Pipe.enable_xformers_memory_efficient_attention()"):
+                routed = npu_port.set_attention_strategy("chunked", target=model)
+            for _ in range(3):
+                model.attend(q, q, q)
+            assert activation.format_summary().splitlines()[0] == (
+                "npu-port run: device cpu; attention strategy sdpa -> chunked "
+                "(chunked x3 via Pipe.enable_xformers_memory_efficient_attention())"
+            )
+            npu_port.attention(q, q, q)
+            summary = activation.summary()
+            routed.restore()
+            assert activation.format_summary().splitlines()[0] == (
+                "npu-port run: device cpu; attention strategy sdpa -> chunked+sdpa (chunked x3, sdpa x1: "
+                "1 process-wide, 3 via Pipe.enable_xformers_memory_efficient_attention())"
+            )
+    finally:
+        activation.deactivate()
+    assert summary["attention_calls"] == {"chunked": 3, "sdpa": 1}
+    assert summary["strategy"] == {"requested": "sdpa", "resolved": "chunked+sdpa"}
+    assert summary["attention_routes"] == [
+        {"via": "process-wide", "strategy": "sdpa", "calls": {"sdpa": 1}},
+        {"via": "Pipe.enable_xformers_memory_efficient_attention()", "strategy": "chunked", "calls": {"chunked": 3}},
+    ]
+    assert TALLY.routes() == []  # deactivate closed the tally

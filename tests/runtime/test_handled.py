@@ -117,15 +117,25 @@ def test_the_drop_ins_fallbacks_and_hook_are_mapped_by_what_they_serve_and_count
     assert set(handled.RULES[handled.XFORMERS_HOOK]) == {ENABLE, XFORMERS_SETTER}
 
 
+def _hit(project, where, **libraries):
+    """A kind's entry of ``HitLog.snapshot()``: the project's hits and places, then each library's ``(count, where)``."""
+    return {
+        "count": project + sum(count for count, _ in libraries.values()),
+        "project": project,
+        "where": where,
+        "libraries": {name: {"count": count, "where": places} for name, (count, places) in libraries.items()},
+    }
+
+
 def test_by_rule_merges_mechanisms_first_come_and_leaves_out_what_is_no_rule():
     sources = [
         (handled.REDIRECT, {
-            "Tensor.to": {"count": 2, "where": [(5, ("/p/a.py", 9)), (1, ("/p/a.py", 3))]},
-            "torch.zeros": {"count": 4, "where": [(3, ("/p/b.py", 1)), (7, ("/p/a.py", 3))]},
-            "Tensor.cuda": {"count": 1, "where": []},
-            "Tensor.pin_memory": {"count": 8, "where": [(0, ("/p/a.py", 1))]},  # no rule's pattern
+            "Tensor.to": _hit(2, [(5, ("/p/a.py", 9)), (1, ("/p/a.py", 3))]),
+            "torch.zeros": _hit(4, [(3, ("/p/b.py", 1)), (7, ("/p/a.py", 3))]),
+            "Tensor.cuda": _hit(1, [(4, ("/p/a.py", 2))]),
+            "Tensor.pin_memory": _hit(8, [(0, ("/p/a.py", 1))]),  # no rule's pattern
         }),
-        (handled.FLASH_ATTN_DROPIN, {"flash_attn": {"count": 1, "where": [(2, ("/p/m.py", 4))]}}),
+        (handled.FLASH_ATTN_DROPIN, {"flash_attn": _hit(1, [(2, ("/p/m.py", 4))])}),
         (handled.XFORMERS_HOOK, None),  # diffusers never imported: not hooked
         (handled.DEVICE_CHECKS, handled.device_check_hits([
             {"file": "/p/m.py", "line": 7, "hits": 0},
@@ -134,16 +144,52 @@ def test_by_rule_merges_mechanisms_first_come_and_leaves_out_what_is_no_rule():
     ]  # fmt: skip
     assert handled.by_rule(sources) == {
         "NPU101": {"name": "flash-attn-import", "count": 1, "where": ["/p/m.py:4"]},
-        "NPU301": {"name": "cuda-method", "count": 1, "where": []},
+        "NPU301": {"name": "cuda-method", "count": 1, "where": ["/p/a.py:2"]},
         "NPU310": {"name": "cuda-device-literal", "count": 6, "where": ["/p/a.py:3", "/p/b.py:1", "/p/a.py:9"]},
         "NPU390": {"name": "device-type-check", "count": 3, "where": ["/p/m.py:8"]},
     }
     assert list(handled.by_rule(sources)) == ["NPU101", "NPU301", "NPU310", "NPU390"]
+    assert handled.by_library(sources) == {}
+
+
+def test_what_a_library_made_is_listed_under_it_never_under_the_project():
+    torch_file, diffusers_file = "/v/site-packages/torch/random.py", "/v/site-packages/diffusers/models/a.py"
+    sources = [
+        (handled.REDIRECT, {
+            "torch.cuda.manual_seed_all": _hit(1, [(4, ("/p/a.py", 3))], torch=(2, [(1, (torch_file, 46))])),
+            "torch.cuda.empty_cache": _hit(0, [], diffusers=(1178, [(2, (diffusers_file, 9))])),
+            "memory_stats": _hit(0, [], diffusers=(5, [(3, (diffusers_file, 1))])),  # no rule's pattern
+        }),
+        (handled.XFORMERS_DROPIN, {
+            "xformers": _hit(0, [], diffusers=(1, [(5, (diffusers_file, 30))])),
+            "xformers.ops": _hit(0, [], diffusers=(1, [(6, (diffusers_file, 30))])),  # one import statement
+        }),
+        (handled.FLASH_ATTN_DROPIN, {"flash_attn_func": _hit(0, [], **{"(no caller)": (2, [])})}),
+    ]  # fmt: skip
+    assert handled.by_rule(sources) == {"NPU303": {"name": "cuda-seed", "count": 1, "where": ["/p/a.py:3"]}}
+    assert handled.by_library(sources) == {
+        "(no caller)": {"NPU110": {"name": "flash-attn-call", "count": 2, "where": []}},
+        "diffusers": {
+            "NPU102": {"name": "xformers-import", "count": 1, "where": [f"{diffusers_file}:30"]},
+            "NPU302": {"name": "cuda-sync-memory", "count": 1178, "where": [f"{diffusers_file}:9"]},
+        },
+        "torch": {"NPU303": {"name": "cuda-seed", "count": 2, "where": [f"{torch_file}:46"]}},
+    }
+    lines = handled.format_by_rule(handled.by_rule(sources), folder="/p", libraries=handled.by_library(sources))
+    assert lines == [
+        "  handled, by scan rule (npu-port scan lists these codes as handled):",
+        "    NPU303 cuda-seed x1  (a.py:3)",
+        "  handled inside libraries (calls their own code made, not lines of yours):",
+        "    (no caller) NPU110 flash-attn-call x2",
+        "    diffusers NPU102 xformers-import x1  (diffusers/models/a.py:30)",
+        "    diffusers NPU302 cuda-sync-memory x1178  (diffusers/models/a.py:9)",
+        "    torch NPU303 cuda-seed x2  (torch/random.py:46)",
+    ]
 
 
 def test_by_rule_keeps_the_first_few_places():
     where = [(order, ("/p/a.py", order)) for order in range(9, -1, -1)]
-    result = handled.by_rule([(handled.REDIRECT, {"Tensor.to": {"count": 10, "where": where}})])
+    result = handled.by_rule([(handled.REDIRECT, {"Tensor.to": _hit(10, where)})])
     assert result["NPU310"]["where"] == [f"/p/a.py:{line}" for line in range(5)]
 
 

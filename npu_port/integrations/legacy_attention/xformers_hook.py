@@ -117,8 +117,9 @@ class XformersHook:
 
     # ---- what the hooked methods do ---------------------------------------------------------------------------
 
-    def enable(self, obj: Any, attention_op: Any = None) -> XformersRoute:
-        """Apply the strategy to ``obj`` (once; a second enable keeps the first route)."""
+    def enable(self, obj: Any, attention_op: Any = None, method: str = ENABLE) -> XformersRoute:
+        """Apply the strategy to ``obj`` (once; a second enable keeps the first route). ``method``: the hooked switch
+        that asked, named as what applied the strategy in npu-port run's count (:mod:`npu_port.strategy.tally`)."""
         with _patching.LOCK:
             route = self.routes.get(obj)
             if route is not None:
@@ -130,8 +131,10 @@ class XformersHook:
                     route.legacy = patch_legacy_attention(obj)
                 if _has_diffusers_attention(obj):
                     from ...strategy.api import set_attention_strategy
+                    from ...strategy.tally import TALLY
 
-                    route.strategy = set_attention_strategy(strategy, target=obj)
+                    with TALLY.via(f"{type(obj).__name__}.{method}()"):
+                        route.strategy = set_attention_strategy(strategy, target=obj)
             except BaseException:
                 route.restore()
                 raise
@@ -174,7 +177,7 @@ class XformersHook:
 
         def set_use_memory_efficient_attention_xformers(self, valid, attention_op=None):
             if valid:
-                hook.enable(self, attention_op)
+                hook.enable(self, attention_op, XFORMERS_SETTER)
                 hook.hits.hit(XFORMERS_SETTER)
             else:
                 hook.disable(self, original_setter)
