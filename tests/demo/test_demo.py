@@ -27,7 +27,7 @@ from npu_port.demo import app, formatting
 from npu_port.demo import choices as demo_choices
 from npu_port.demo import form as demo_form
 from npu_port.errors import InferenceError
-from npu_port.infer import GenerationRequest, compare_strategies, generate, load_pipeline
+from npu_port.infer import GenerationRequest, compare_strategies, generate
 from npu_port.infer.compare import Comparison
 from npu_port.infer.limits import MAX_SEED
 from npu_port.infer.run import check_request
@@ -39,28 +39,6 @@ SCRIPT = REPO / "scripts" / "gradio_demo_npu.py"
 CHOICES = demo_choices.StrategyChoices(
     ["auto", "chunked", "sdpa", "vanilla", "cpu-fallback"], {"flash": "flash_attn: flash_attn is not installed"}
 )
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory):
-    """One npu-port cache for the module (the tests' process and the demo server), so the tiny models build once."""
-    return tmp_path_factory.mktemp("demo-models")
-
-
-def _load(model: str, models_dir: Path):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("NPU_PORT_CACHE_DIR", str(models_dir))
-        return load_pipeline(model, torch.device("cpu"), torch.float32, progress_bar=False)
-
-
-@pytest.fixture(scope="module")
-def tiny(models_dir):
-    return _load("tiny", models_dir)
-
-
-@pytest.fixture(scope="module")
-def tiny_dit(models_dir):
-    return _load("tiny-dit", models_dir)
 
 
 def refusal(loaded, **fields) -> str:
