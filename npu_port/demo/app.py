@@ -4,9 +4,11 @@ The helpers import no gradio, so tests call them without a browser: the strategy
 form values into a checked :class:`~npu_port.infer.GenerationRequest` (:mod:`.form`), and what the page shows
 (:mod:`.formatting`). Out-of-range input never reaches the model: the request is checked
 first against the model's limits (:class:`~npu_port.infer.limits.ModelLimits`, the same ones ``npu-port infer``
-uses, lowered by ``--max-side`` / ``--max-steps``), and the message appears under the image. Cost is bounded too:
-each request runs under a time limit (``--request-timeout``) and stops at the next denoising step past it, freeing
-the single queue slot; the server refuses uploads over a few bytes (the demo takes no files).
+uses, lowered by ``--max-side`` / ``--max-steps``), and the message appears under the image; a call no widget could
+make (:mod:`.payload`) is refused with one ``gr.Error`` line. Cost is bounded too: the queue is bounded, and so is
+what one client holds in it (:mod:`.admission`, checked as a request joins); each request runs under a time limit
+(``--request-timeout``) and stops at the next denoising step past it — or once its client has left
+(:mod:`.watch`) — freeing the single queue slot; the server refuses uploads over a few bytes (the demo takes no files).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..errors import NpuPortError
 from ..infer.deadline import RequestTimeout
 from ..infer.run import GenerationRequest
+from .admission import Admission, QueueLimits
 from .choices import REFERENCE, StrategyChoices, check_strategy, compare_order, strategy_choices
 from .form import DEFAULT_REQUEST_TIMEOUT, MAX_GUIDANCE, default_size, demo_limits, make_request
 from .formatting import (
@@ -32,6 +35,12 @@ from .formatting import (
     random_weights_note,
     unavailable_markdown,
 )
+from .gradio_queue import QueueView
+from .payload import CHOICE, CHOICES, NUMBER, RANGE, TEXT, Field, MalformedCall, check_call
+from .watch import ClientLeft, WatchedDeadline
+
+#: The name the demo's lines on the server's console start with (the script's name).
+PROG = "gradio_demo_npu"
 
 #: Largest upload the server accepts (Gradio's ``max_file_size``): the demo has no file input, so any upload is
 #: someone else's; a few bytes keep the endpoint from storing anything sizeable.
@@ -71,20 +80,23 @@ def build_demo(
     strategy: str = "auto",
     choices: Optional[StrategyChoices] = None,
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    queue_limits: Optional[QueueLimits] = None,
 ) -> Any:
-    """The demo for one loaded pipeline, as a ``gr.Blocks`` (not queued or launched: the caller does both).
+    """The demo for one loaded pipeline, as a queued ``gr.Blocks`` (not launched: the caller does that).
 
     ``max_side`` / ``max_steps`` lower the model's limits (:func:`demo_limits`; None: the model's own);
     ``strategy`` is the dropdown's initial choice; ``request_timeout`` stops a request that runs longer (seconds,
-    counted from when it starts running, not while it waits in the queue).
+    counted from when it starts running, not while it waits in the queue); ``queue_limits`` bounds the queue and
+    what one client holds in it (:func:`queue_demo`; None: the defaults).
     """
     gr = require_gradio()
-    from ..infer import Deadline, compare_strategies, generate
+    from ..infer import compare_strategies, generate
     from ..infer.deadline import check_timeout
     from ..infer.run import to_pil
 
     limits = demo_limits(loaded, max_side=max_side, max_steps=max_steps)
     check_timeout(request_timeout)
+    queue_limits = queue_limits or QueueLimits()
     factor = limits.factor
     choices = choices or strategy_choices()
     strategy = check_strategy(strategy, choices)
@@ -94,7 +106,10 @@ def build_demo(
     gallery_png = {"format": "png"} if _accepts(gr.Gallery, "format") else {}
 
     with gr.Blocks(title="npu-port demo", analytics_enabled=False) as demo:
-        gr.Markdown(header_markdown(loaded, limits, request_timeout=request_timeout), elem_id="header")
+        gr.Markdown(
+            header_markdown(loaded, limits, request_timeout=request_timeout, queue_limits=queue_limits),
+            elem_id="header",
+        )
         note = random_weights_note(loaded)
         if note:
             gr.Markdown(note, elem_id="random-weights")
@@ -169,15 +184,54 @@ def build_demo(
 
         names = list(fields)
         bounds = {"choices": choices, "max_side": limits.max_side, "max_steps": limits.max_steps}
+        kinds = {
+            "prompt": Field("prompt", TEXT),
+            "negative_prompt": Field("negative_prompt", TEXT),
+            "class_label": Field("class_label", NUMBER),
+            "steps": Field("steps", RANGE, 1, limits.max_steps),
+            "seed": Field("seed", NUMBER),
+            "height": Field("height", NUMBER),
+            "width": Field("width", NUMBER),
+            "guidance_scale": Field("guidance_scale", RANGE, 0, MAX_GUIDANCE),
+            "strategy": Field("strategy", CHOICE),
+        }
+        endpoints = {"generate": [kinds[name] for name in names]}
+        endpoints["compare"] = [*endpoints["generate"], Field("strategies", CHOICES)]
+        quiet_errors = _accepts(gr.Error, "print_exception")
 
-        def on_generate(*values: Any) -> Tuple[Any, str, str]:
+        def refuse(exc: MalformedCall, page: Tuple[Any, ...]) -> Tuple[Any, ...]:
+            """A call no widget could make: one gr.Error line, without a traceback in the server's log. A gradio
+            without ``gr.Error(print_exception=)`` (5.0 to 5.8) logs one for every gr.Error, so there the message goes
+            where the page shows a refusal instead (the same line, as the endpoint's result)."""
+            if quiet_errors:
+                raise gr.Error(str(exc), print_exception=False)
+            return page
+
+        def deadline(request: Any) -> WatchedDeadline:
+            session = getattr(request, "session_hash", None)
+            return WatchedDeadline(request_timeout, left=lambda: watching and view.left(session))
+
+        def split(args: Tuple[Any, ...]) -> Tuple[List[Any], Any]:
+            """The form's values and the gr.Request gradio appends (none when a test calls the handler itself)."""
+            if args and isinstance(args[-1], gr.Request):
+                return list(args[:-1]), args[-1]
+            return list(args), None
+
+        def on_generate(*args: Any) -> Tuple[Any, str, str]:
+            values, client = split(args)
             try:
+                check_call("generate", endpoints["generate"], values, choices)
                 request = make_request(loaded, **dict(zip(names, values)), **bounds)
+            except MalformedCall as exc:
+                return refuse(exc, (None, error_markdown(exc), ""))
             except NpuPortError as exc:
                 return None, error_markdown(exc), ""
             try:
                 with lock:
-                    result = generate(loaded, request, deadline=Deadline(request_timeout))
+                    result = generate(loaded, request, deadline=deadline(client))
+            except ClientLeft as exc:
+                print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
+                return None, error_markdown(exc), ""
             except RequestTimeout as exc:
                 return None, error_markdown(exc), ""
             except Exception as exc:  # shown in the page; the traceback goes to the server's log
@@ -187,15 +241,22 @@ def build_demo(
                 return None, not_finite_markdown(result), result.strategy_explanation
             return to_pil(result.image), format_result(result), result.strategy_explanation
 
-        def on_compare(*values: Any) -> Tuple[List[Any], str]:
+        def on_compare(*args: Any) -> Tuple[List[Any], str]:
+            values, client = split(args)
             try:
+                check_call("compare", endpoints["compare"], values, choices)
                 order = compare_order(values[-1], choices)
                 request = make_request(loaded, **dict(zip(names, values[:-1])), **bounds)
+            except MalformedCall as exc:
+                return refuse(exc, ([], error_markdown(exc)))
             except NpuPortError as exc:
                 return [], error_markdown(exc)
             try:
                 with lock:
-                    comparison = compare_strategies(loaded, request, order, deadline=Deadline(request_timeout))
+                    comparison = compare_strategies(loaded, request, order, deadline=deadline(client))
+            except ClientLeft as exc:
+                print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
+                return [], error_markdown(exc)
             except RequestTimeout as exc:
                 return [], error_markdown(exc)
             except Exception as exc:
@@ -203,8 +264,50 @@ def build_demo(
                 return [], error_markdown(exc, refused=False)
             return gallery_items(comparison), format_comparison(comparison)
 
+        _takes_request(on_generate, [field.name for field in endpoints["generate"]], gr)
+        _takes_request(on_compare, [field.name for field in endpoints["compare"]], gr)
         inputs = [fields[name] for name in names]
-        serial = {"concurrency_limit": 1, "concurrency_id": CONCURRENCY_ID}
+        # raw values (preprocess=False): payload.check_call checks them, so a malformed call never reaches gradio's
+        # preprocessing, which fails on it with a traceback
+        serial = {"concurrency_limit": 1, "concurrency_id": CONCURRENCY_ID, "preprocess": False}
         generate_button.click(on_generate, inputs, [image, info, explanation], api_name="generate", **serial)
         compare_button.click(on_compare, [*inputs, picked], [gallery, compare_info], api_name="compare", **serial)
+    view = QueueView(demo)
+    watching = queue_demo(demo, queue_limits, endpoints, view)
     return demo
+
+
+def _takes_request(handler: Any, names: List[str], gr: Any) -> None:
+    """Give ``handler(*args)`` a signature naming each input and then a ``gr.Request`` parameter: gradio passes the
+    request (and with it the client's session) to the parameter annotated so, and names the API's parameters after
+    the others."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    parameters = [inspect.Parameter(name, kind) for name in names]
+    parameters.append(inspect.Parameter("request", kind, annotation=gr.Request))
+    handler.__signature__ = inspect.Signature(parameters)
+    handler.__annotations__ = {"request": gr.Request}
+
+
+def queue_demo(demo: Any, limits: QueueLimits, endpoints: Dict[str, List[Field]], view: QueueView) -> bool:
+    """Queue ``demo`` within ``limits``; True when a request whose client has left can be told (and stopped).
+
+    Gradio's own mechanisms where it has them: one slot for the model (``default_concurrency_limit=1`` and the
+    events' shared ``concurrency_id``), at most ``limits.max_queue`` waiting (``max_size``: one more is refused with
+    gradio's "queue is full"), and no route around the queue (``api_open=False``: gradio otherwise runs
+    ``POST /run/<api_name>`` at once, beside the queue). What gradio lacks — at most ``limits.per_client`` per client,
+    and a call's shape checked before it waits — is checked at the door (:mod:`.admission`, :mod:`.gradio_queue`).
+    """
+    demo.queue(max_size=limits.max_queue, default_concurrency_limit=1, api_open=False)
+    missing = view.missing()
+    if missing:
+        from .._optional import installed_version
+
+        print(
+            f"{PROG}: warning: gradio {installed_version('gradio')}'s queue has no {', '.join(missing)}: running "
+            "without the per-client limit (--per-client) and without stopping a request whose client has left",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+    view.hold_joins(Admission(limits, endpoints, view.jobs).check)
+    return True

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..infer.deadline import RequestTimeout
 from ..infer.limits import ModelLimits
+from .admission import QueueLimits
 from .choices import StrategyChoices
 from .form import DEFAULT_REQUEST_TIMEOUT
 
@@ -25,16 +26,23 @@ def device_line(loaded: Any) -> str:
     return f"{device_name(loaded.device)}, {str(loaded.dtype).replace('torch.', '')}"
 
 
-def header_markdown(loaded: Any, limits: ModelLimits, *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> str:
+def header_markdown(
+    loaded: Any,
+    limits: ModelLimits,
+    *,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    queue_limits: Optional[QueueLimits] = None,
+) -> str:
     if limits.native_size is not None:
         size = f"{limits.native_size}×{limits.native_size} images only"
     else:
         size = f"sides up to {limits.max_side}"
+    queue = queue_limits or QueueLimits()
     return (
         "## npu-port demo\n"
         f"**Device:** {markdown_escape(device_line(loaded))} · **model:** `{loaded.model}` ({loaded.kind}; {size}; "
-        f"up to {limits.max_steps} steps) · one request runs at a time, others wait in the queue · a request "
-        f"stops after {request_timeout:g} s"
+        f"up to {limits.max_steps} steps) · one request runs at a time, up to {queue.max_queue} wait in the queue, "
+        f"{queue.per_client} at most per visitor · a request stops after {request_timeout:g} s"
     )
 
 

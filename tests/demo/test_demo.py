@@ -27,7 +27,7 @@ from npu_port.demo import app, formatting
 from npu_port.demo import choices as demo_choices
 from npu_port.demo import form as demo_form
 from npu_port.errors import InferenceError
-from npu_port.infer import GenerationRequest, compare_strategies, generate, load_pipeline
+from npu_port.infer import GenerationRequest, compare_strategies, generate
 from npu_port.infer.compare import Comparison
 from npu_port.infer.limits import MAX_SEED
 from npu_port.infer.run import check_request
@@ -39,28 +39,6 @@ SCRIPT = REPO / "scripts" / "gradio_demo_npu.py"
 CHOICES = demo_choices.StrategyChoices(
     ["auto", "chunked", "sdpa", "vanilla", "cpu-fallback"], {"flash": "flash_attn: flash_attn is not installed"}
 )
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory):
-    """One npu-port cache for the module (the tests' process and the demo server), so the tiny models build once."""
-    return tmp_path_factory.mktemp("demo-models")
-
-
-def _load(model: str, models_dir: Path):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("NPU_PORT_CACHE_DIR", str(models_dir))
-        return load_pipeline(model, torch.device("cpu"), torch.float32, progress_bar=False)
-
-
-@pytest.fixture(scope="module")
-def tiny(models_dir):
-    return _load("tiny", models_dir)
-
-
-@pytest.fixture(scope="module")
-def tiny_dit(models_dir):
-    return _load("tiny-dit", models_dir)
 
 
 def refusal(loaded, **fields) -> str:
@@ -256,7 +234,8 @@ def test_header_names_the_device_and_dtype_and_warns_about_random_weights(tiny):
     header = formatting.header_markdown(
         tiny, demo_form.demo_limits(tiny, max_side=96, max_steps=20), request_timeout=45
     )
-    assert "`tiny` (text-to-image; sides up to 96; up to 20 steps)" in header and "queue" in header
+    assert "`tiny` (text-to-image; sides up to 96; up to 20 steps)" in header
+    assert "one request runs at a time, up to 10 wait in the queue, 2 at most per visitor" in header  # the defaults
     assert header.endswith("a request stops after 45 s")
     assert "Random weights" in formatting.random_weights_note(tiny)
     assert formatting.random_weights_note(dataclasses.replace(tiny, random_weights=False)) is None
@@ -342,13 +321,19 @@ def test_the_script_queues_one_request_at_a_time_for_generate_and_compare(models
     from npu_port.demo.__main__ import parse_args, prepare
 
     monkeypatch.setenv("NPU_PORT_CACHE_DIR", str(models_dir))
-    demo = prepare(parse_args(["--model", "tiny-dit", "--device", "cpu"]))
+    demo = prepare(parse_args(["--model", "tiny-dit", "--device", "cpu", "--max-queue", "3", "--per-client", "1"]))
     functions = list(demo.fns.values()) if isinstance(demo.fns, dict) else list(demo.fns)
     events = {f.api_name: f for f in functions}
     assert set(events) == {"generate", "compare"}
     # one concurrency group for both: with only default_concurrency_limit=1 each event would get its own slot
     assert {(f.concurrency_limit, f.concurrency_id) for f in functions} == {(1, app.CONCURRENCY_ID)}
     assert demo._queue.default_concurrency_limit == 1
+    assert demo._queue.max_size == 3  # --max-queue: gradio's own bound
+    assert demo.api_open is False  # no POST /run/<api_name> beside the queue
+    assert "push" in vars(demo._queue)  # the door that counts --per-client (tests/demo/test_live_queue.py)
+    assert not any(f.preprocess for f in functions)  # raw values, checked by the handlers (npu_port.demo.payload)
+    header = next(c for c in demo.config["components"] if c["props"].get("elem_id") == "header")
+    assert "up to 3 wait in the queue, 1 at most per visitor" in header["props"]["value"]
 
 
 def test_without_gradio_the_script_says_how_to_install_it(monkeypatch, capsys):
