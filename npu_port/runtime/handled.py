@@ -117,6 +117,7 @@ RULES: Dict[str, Dict[str, str]] = {
         "torch.load": "NPU310",  # map_location naming a CUDA device (without one: CUDA_SAVED, NOT_A_RULE)
         "DataLoader": "NPU310",  # pin_memory_device="cuda" (a *_device keyword)
         "from_pretrained": "NPU310",  # device_map naming a CUDA device, alone or as a dict's value
+        "load_file": "NPU310",  # safetensors' load_file(path, device="cuda"), at the caller's line
         # NPU311: a backend naming nccl; one wrapper serves deepspeed's init_distributed and argparse defaults alike.
         "init_process_group": "NPU311",
         "new_group": "NPU311",

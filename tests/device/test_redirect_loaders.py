@@ -96,8 +96,8 @@ def test_load_file_with_a_cuda_name_lands_on_the_cpu_target(lora_file, device):
         loaded = safetensors.torch.load_file(lora_file, device=device)
         hits = redirect.hits()
     _assert_same_tensors(loaded, TENSORS)
-    # each tensor: staged in host memory asked pinned (dropped), then moved with .to("cuda:N") (mapped)
-    assert hits == {UNPINNED: len(TENSORS), "Tensor.to": len(TENSORS)}
+    # mapped where it was written: safetensors never meets the CUDA name (nor stages through pinned memory)
+    assert hits == {"load_file": 1}
 
 
 @pytest.mark.parametrize("device", [0, 1])
@@ -106,7 +106,7 @@ def test_load_file_with_an_ordinal_lands_on_the_cpu_target(lora_file, device):
         loaded = safetensors.torch.load_file(lora_file, device=device)
         hits = redirect.hits()
     _assert_same_tensors(loaded, TENSORS)
-    assert hits == {"torch.asarray": len(TENSORS)}  # an ordinal goes to torch.asarray(storage, device=N) unstaged
+    assert hits == {"load_file": 1}  # the ordinal is mapped where it was written, as a name is
 
 
 def test_load_file_with_a_torch_device_fails_as_it_does_on_cuda(lora_file):

@@ -58,7 +58,7 @@ class _Installed:
         self.log = HitLog()
         self.depth = 0
         self.loader_hits: Tuple[Any, Any] = (self.log.counter("from_pretrained"), self.log.counter(DEVICE_MAP_ON_CPU))
-        self.loaders: List[type] = []  # the from_pretrained classes patched (see :meth:`CudaRedirect.serve_loaders`)
+        self.loaders: List[Any] = []  # the loader classes and modules patched (see :meth:`CudaRedirect.serve_loaders`)
 
 
 _active: Optional[_Installed] = None
@@ -181,12 +181,13 @@ def _plan(state: _Installed) -> List[Tuple[Any, str, Any]]:
 
 
 def _loader_patches(state: _Installed) -> List[Tuple[Any, str, Any]]:
-    """``from_pretrained`` of the transformers / diffusers loader classes imported so far and not yet patched."""
-    from ...upstream.loaders import imported_loaders
+    """``from_pretrained`` of the transformers / diffusers loader classes, and safetensors' ``load_file``, imported
+    so far and not yet patched."""
+    from ...upstream.loaders import imported_device_functions, imported_loaders
 
     found = [cls for cls in imported_loaders() if cls not in state.loaders]
     state.loaders.extend(found)
-    return [
+    plan: List[Tuple[Any, str, Any]] = [
         (
             cls,
             "from_pretrained",
@@ -194,6 +195,14 @@ def _loader_patches(state: _Installed) -> List[Tuple[Any, str, Any]]:
         )
         for cls in found
     ]
+    for module, name, position in imported_device_functions():
+        if module in state.loaders:
+            continue
+        state.loaders.append(module)
+        original = getattr(module, name)
+        hit = state.log.counter(name)
+        plan.append((module, name, wrappers.device_name(original, state.mapper, hit, position)))
+    return plan
 
 
 def _cache_device_constructors() -> None:

@@ -56,6 +56,32 @@ def device_keywords(
     return wrapper
 
 
+def device_name(original: Callable, mapper: DeviceMapper, hit: Hit, position: int, keyword: str = "device"):
+    """A loader whose ``device`` is a name or an ordinal only (safetensors' ``load_file``): those are mapped, at the
+    call the caller wrote; anything else (a ``torch.device``, which safetensors refuses on CUDA too) goes through
+    as it is, so the loader's own error is the one raised."""
+
+    def mapped(value: Any) -> Any:
+        return mapper.device(value) if type(value) in (str, int) else value
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if keyword in kwargs:
+            value = kwargs[keyword]
+            kwargs[keyword] = new = mapped(value)
+            if new is not value:
+                hit()
+        elif len(args) > position:
+            value = args[position]
+            new = mapped(value)
+            if new is not value:
+                args = args[:position] + (new,) + args[position + 1 :]
+                hit()
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
 def load(original: Callable, mapper: DeviceMapper, hit: Hit, hit_saved: Optional[Hit] = None):
     """``torch.load``: only ``map_location`` is looked at, never the file name; CUDA storages land on the target.
 
