@@ -28,7 +28,7 @@ from npu_port.device.redirect import patched_attributes, redirect_cuda
 from npu_port.device.redirect.install import CUDA_SAVED
 from npu_port.device.redirect.mapping import DeviceMapper
 from npu_port.errors import DeviceError, RedirectError
-from npu_port.upstream.loaders import imported_loaders
+from npu_port.upstream.loaders import imported_device_functions, imported_loaders
 
 from ..reference import reference_attention
 
@@ -90,7 +90,8 @@ def quiet():
 
 def test_uninstall_restores_every_patched_attribute_by_identity():
     before = _namespaces()
-    owners = OWNERS + tuple(imported_loaders())  # transformers' / diffusers' loaders, once a test imported them
+    # transformers' / diffusers' loaders and safetensors' load_file, once a test imported them
+    owners = OWNERS + tuple(imported_loaders()) + tuple(module for module, _, _ in imported_device_functions())
     originals = {(owner, name): getattr_static(owner, name, None) for owner in owners for name in dir(owner)}
     redirect = redirect_cuda("cpu").install()
     patched = patched_attributes()

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from npu_port.device.redirect import cuda_api
+from npu_port.device.redirect.mapping import DeviceMapper
 from npu_port.scan.rules import _device
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks torch's behaviour without CUDA")
@@ -78,7 +79,7 @@ def test_the_legacy_tensor_types_are_the_redirects():
 
 
 def test_what_the_table_calls_redirected_is_what_the_redirect_answers():
-    answered = set(cuda_api._stand_ins(torch.device("cpu"))) | {f"nvtx.{n}" for n in cuda_api.nvtx_api()}
+    answered = set(cuda_api._stand_ins(torch.device("cpu"), DeviceMapper("cpu"))) | {f"nvtx.{n}" for n in cuda_api.nvtx_api()}
     answered |= set(cuda_api.LEGACY_TENSOR_TYPES) | {"amp.autocast", "amp.GradScaler"}  # via torch.amp's __init__
     assert set(_device.REDIRECTED) <= answered
     # and the table classifies everything the redirect answers
