@@ -89,6 +89,8 @@ def quiet():
 
 
 def test_uninstall_restores_every_patched_attribute_by_identity():
+    import safetensors.torch  # noqa: F401  (its load_file is patched too)
+
     before = _namespaces()
     # transformers' / diffusers' loaders and safetensors' load_file, once a test imported them
     owners = OWNERS + tuple(imported_loaders()) + tuple(module for module, _, _ in imported_device_functions())
