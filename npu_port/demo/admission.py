@@ -53,7 +53,8 @@ class Refusal:
 
 
 class Admission:
-    """The check gradio's queue runs on each request that asks to join (:meth:`QueueView.hold_joins`).
+    """The check gradio's queue runs on each request that asks to join (``QueueView.hold_joins`` of
+    :mod:`npu_port.upstream.gradio`).
 
     ``endpoints``: the demo's API names and their fields, in the order the page sends them; ``jobs(session)``: how
     many requests that client has waiting or running now.

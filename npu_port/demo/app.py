@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..errors import NpuPortError
 from ..infer.deadline import RequestTimeout
 from ..infer.run import GenerationRequest
+from ..upstream.gradio import QueueView
 from .admission import Admission, QueueLimits
 from .choices import REFERENCE, StrategyChoices, check_strategy, compare_order, strategy_choices
 from .form import DEFAULT_REQUEST_TIMEOUT, MAX_GUIDANCE, default_size, demo_limits, make_request
@@ -35,7 +36,6 @@ from .formatting import (
     random_weights_note,
     unavailable_markdown,
 )
-from .gradio_queue import QueueView
 from .payload import CHOICE, CHOICES, NUMBER, RANGE, TEXT, Field, MalformedCall, check_call
 from .watch import ClientLeft, WatchedDeadline
 
@@ -295,7 +295,8 @@ def queue_demo(demo: Any, limits: QueueLimits, endpoints: Dict[str, List[Field]]
     events' shared ``concurrency_id``), at most ``limits.max_queue`` waiting (``max_size``: one more is refused with
     gradio's "queue is full"), and no route around the queue (``api_open=False``: gradio otherwise runs
     ``POST /run/<api_name>`` at once, beside the queue). What gradio lacks — at most ``limits.per_client`` per client,
-    and a call's shape checked before it waits — is checked at the door (:mod:`.admission`, :mod:`.gradio_queue`).
+    and a call's shape checked before it waits — is checked at the door (:mod:`.admission`,
+    :mod:`npu_port.upstream.gradio`).
     """
     demo.queue(max_size=limits.max_queue, default_concurrency_limit=1, api_open=False)
     missing = view.missing()

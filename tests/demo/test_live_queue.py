@@ -17,8 +17,8 @@ from npu_port.demo import app, formatting
 from npu_port.demo.__main__ import free_port
 from npu_port.demo.admission import QueueLimits
 from npu_port.demo.choices import StrategyChoices
-from npu_port.demo.gradio_queue import QueueView
 from npu_port.demo.payload import MalformedCall
+from npu_port.upstream.gradio import QueueView
 
 CHOICES = StrategyChoices(["auto", "sdpa", "vanilla"])
 NAMES = ("prompt", "negative_prompt", "steps", "seed", "height", "width", "guidance_scale", "strategy")

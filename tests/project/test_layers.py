@@ -26,7 +26,7 @@ LAYER = {
     "hits": 0,
     "support": 0,  # the support policy (version ranges), read by doctor, the adapters and the CI lanes
     "device": 1,
-    "upstream": 1,  # the adapters to diffusers / transformers internals (feature detection, declines)
+    "upstream": 1,  # the adapters to diffusers / transformers / gradio internals (feature detection, declines)
     "distributed": 1,
     "attn": 2,
     "strategy": 3,

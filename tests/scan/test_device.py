@@ -79,7 +79,9 @@ def test_the_legacy_tensor_types_are_the_redirects():
 
 
 def test_what_the_table_calls_redirected_is_what_the_redirect_answers():
-    answered = set(cuda_api._stand_ins(torch.device("cpu"), DeviceMapper("cpu"))) | {f"nvtx.{n}" for n in cuda_api.nvtx_api()}
+    answered = set(cuda_api._stand_ins(torch.device("cpu"), DeviceMapper("cpu"))) | {
+        f"nvtx.{n}" for n in cuda_api.nvtx_api()
+    }
     answered |= set(cuda_api.LEGACY_TENSOR_TYPES) | {"amp.autocast", "amp.GradScaler"}  # via torch.amp's __init__
     assert set(_device.REDIRECTED) <= answered
     # and the table classifies everything the redirect answers

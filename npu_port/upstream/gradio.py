@@ -1,4 +1,5 @@
-"""The demo's one look inside gradio's queue (``Blocks._queue``): the only module that names its internals.
+"""gradio's adapter: the one look inside gradio's queue (``Blocks._queue``), the only module that names its internals
+(the demo, :mod:`npu_port.demo`, is their one user).
 
 Gradio has no public API for three things the demo needs: how many requests one client has waiting or running (for
 ``--per-client``), whether a running request's client is still connected (to stop it at the next step and free the
@@ -14,9 +15,14 @@ per-client limit and the stop on disconnect (gradio's own bound on the queue and
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Protocol
 
-from .admission import Refusal
+
+class Refusal(Protocol):
+    """Why a request may not join (the demo's :class:`npu_port.demo.admission.Refusal`)."""
+
+    status: int
+    message: str
 
 
 class QueueView:
@@ -79,7 +85,7 @@ class QueueView:
 
     def hold_joins(self, check: Callable[[Optional[str], Optional[str], Any], Optional[Refusal]]) -> Callable[[], None]:
         """Run ``check(endpoint, session, values)`` on every request that asks to join the queue; a
-        :class:`~.admission.Refusal` answers the request with its HTTP status and message (one line, no traceback)
+        :class:`Refusal` answers the request with its HTTP status and message (one line, no traceback)
         and the request never enters the queue. Returns the undo.
 
         The check sits on this demo's own queue object (an attribute of the instance, over the class's ``push``),
