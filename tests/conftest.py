@@ -45,6 +45,14 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
+def pytest_unconfigure(config):
+    """auto's line at exit would summarise the last test only, after pytest's own summary: the tests that check the
+    line run a program of their own (tests/strategy/test_auto_quiet.py)."""
+    from npu_port.strategy.summary import SUMMARY
+
+    SUMMARY.claim()
+
+
 settings.register_profile("dev", deadline=None, print_blob=True)
 # CI explores the same examples every run (no flaky reds), and a failure prints the blob to reproduce it.
 settings.register_profile("ci", deadline=None, print_blob=True, derandomize=True)
@@ -121,6 +129,9 @@ def _isolated_strategy_state(tmp_path_factory, monkeypatch):
     """Every test gets its own auto cache directory and must leave no strategy applied process-wide."""
     monkeypatch.setenv("NPU_PORT_CACHE_DIR", str(tmp_path_factory.mktemp("npu-port-cache")))
     monkeypatch.delenv("NPU_PORT_STRATEGY_PATH", raising=False)
+    from npu_port.strategy.summary import SUMMARY
+
+    SUMMARY.reset()  # auto's line at exit summarises one test, not the picks of every test in this process
     yield
     from npu_port.strategy.process import STATE
 

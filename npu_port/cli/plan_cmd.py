@@ -23,9 +23,14 @@ from .infer_cmd import DTYPES
 EXIT_NOT_ALL_FUSED = 1
 
 
-def add_plan_target_arguments(parser: Any, device_help: Optional[str]) -> None:
+#: What ``--verbose`` does for ``npu-port plan``.
+PLAN_VERBOSE = "the plan shows every registered kernel's reasons"
+
+
+def add_plan_target_arguments(parser: Any, device_help: Optional[str], verbose_help: str = PLAN_VERBOSE) -> None:
     """What ``plan`` and ``run --plan`` share: the target and how the plan is shown (``--device`` unless
-    ``device_help`` is None: ``run`` has its own, which ``--plan`` reads as the target)."""
+    ``device_help`` is None: ``run`` has its own, which ``--plan`` reads as the target; ``run`` says what its
+    ``--verbose`` does without ``--plan`` too)."""
     if device_help is not None:
         parser.add_argument("--device", default=None, help=device_help)
     parser.add_argument(
@@ -35,7 +40,7 @@ def add_plan_target_arguments(parser: Any, device_help: Optional[str]) -> None:
     parser.add_argument(
         "--require-fused", action="store_true", help="exit 1 unless every attention call would run fused (for CI)"
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="the plan shows every registered kernel's reasons")
+    parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
 
 
 def add_parser(commands: "argparse._SubParsersAction") -> None:

@@ -72,7 +72,7 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
         help="leave the project's `x.device.type == 'cuda'` / `.is_cuda` checks as written (default: the target "
         "device reads as cuda there)",
     )
-    from .plan_cmd import add_plan_target_arguments
+    from .plan_cmd import PLAN_VERBOSE, add_plan_target_arguments
 
     plan = parser.add_argument_group("plan (npu-port plan for a script)")
     plan.add_argument(
@@ -81,7 +81,12 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
         help="run the script here (cpu), record its attention calls and say which would run fused on --device "
         "(default npu) with --strategy (default npu)",
     )
-    add_plan_target_arguments(plan, None)
+    add_plan_target_arguments(
+        plan,
+        None,
+        "after the run, what the attention strategy decided per shape bucket (auto: every candidate's times, as "
+        f"handle.explain() shows them); with --plan, {PLAN_VERBOSE}",
+    )
     parser.add_argument("-m", dest="as_module", action="store_true", help="run a module, as python -m does")
     parser.add_argument("target", metavar="script.py | module", help="the script (or, with -m, the module) to run")
     parser.add_argument("arguments", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -161,7 +166,7 @@ def _refusals_reported(report: Optional[str], args: argparse.Namespace, environ:
 
 
 #: Flags that mean something only with --plan.
-PLAN_ONLY = (("--chip", "chip"), ("--json", "json"), ("--require-fused", "require_fused"), ("--verbose", "verbose"))
+PLAN_ONLY = (("--chip", "chip"), ("--json", "json"), ("--require-fused", "require_fused"))
 
 
 def _check_plan_flags(args: argparse.Namespace) -> None:
@@ -225,7 +230,9 @@ def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -
     finally:
         summary = activation.summary()
         text = activation.format_summary()
+        details = activation.strategy.explain() if args.verbose and not planning else None
         activation.deactivate()
+    auto = _claim_auto_line(summary)
     hint = cuda_refusal_hint(outcome, summary["redirect"]["hits"].get(UNAVAILABLE, 0), args.cuda_available)
     summary.update(
         script=entry.path,
@@ -242,10 +249,30 @@ def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -
         if hint:
             print(f"npu-port run: {hint}", file=sys.stderr)
     else:
-        print(prefix + text + (f"\n{stop}" if stop else ""), file=sys.stderr)
+        print(prefix + _with_auto_line(text, auto) + (f"\n{stop}" if stop else ""), file=sys.stderr)
+    if details is not None:
+        print(details, file=sys.stderr)
     if planning:
         return _show_plan(recording, planning, args, entry.path, outcome.exit_code)
     return outcome.exit_code
+
+
+def _claim_auto_line(summary: Dict[str, Any]) -> Optional[str]:
+    """auto's one line (:mod:`npu_port.strategy.summary`), taken over from its logging at exit: the run summary
+    shows it, and the report records its data under ``auto``."""
+    from ..strategy.summary import SUMMARY
+
+    line = SUMMARY.claim()
+    summary["auto"] = SUMMARY.data()
+    return line
+
+
+def _with_auto_line(text: str, auto: Optional[str]) -> str:
+    """The run summary with auto's line after its first line (the one naming the strategy)."""
+    if auto is None:
+        return text
+    first, _, rest = text.partition("\n")
+    return "\n".join(part for part in (first, f"  {auto}", rest) if part)
 
 
 #: The strategy a planned script runs with here (npu-port plan's recording computes with sdpa, else math).

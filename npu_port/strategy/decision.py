@@ -16,6 +16,7 @@ import torch
 
 from ..attn.call import AttentionCall
 from ..attn.masks import dtype_name
+from ..device.timing import Spread, spread
 from ..reasons import Reason, as_reason
 
 #: Candidate outcomes, in the order explain() sorts them.
@@ -84,8 +85,11 @@ class CandidateResult:
 
     A timed candidate keeps the median of its timed runs and, as their spread, the first and third quartiles
     (``low_s``, ``high_s``: the middle half of the runs) — what auto's decision rule compares, and what explain()
-    shows so that a pick made on noisy timings can be seen to be one. ``reasons`` are
-    :class:`~npu_port.reasons.Reason` objects: their text is what explain() shows, their codes go into the JSON.
+    shows so that a pick made on noisy timings can be seen to be one. ``samples`` holds the timed runs themselves, by
+    the measurement (one process's probe of the bucket) that made them: a later measurement of a provisional pick adds
+    its runs to these instead of starting over, and two processes that measured at once pool theirs without counting
+    a run twice. ``reasons`` are :class:`~npu_port.reasons.Reason` objects: their text is what explain() shows, their
+    codes go into the JSON.
     """
 
     kernel: str
@@ -97,6 +101,7 @@ class CandidateResult:
     tolerance: Optional[float] = None
     low_s: Optional[float] = None
     high_s: Optional[float] = None
+    samples: Dict[str, List[float]] = field(default_factory=dict)
 
     def describe(self) -> str:
         if self.status in (PICKED, OK) and self.median_s is None:
@@ -123,7 +128,9 @@ class Decision:
 
     ``why`` says in one line why the kernel won (for auto's measured decisions). ``provisional`` marks a decision that
     timing noise may have made (see :func:`npu_port.strategy.measure.pick`): this process uses it, the disk cache
-    keeps it marked, and a later process measures the bucket again instead of trusting it.
+    keeps it marked, and a later process measures the bucket more, pooling its runs with these, instead of trusting
+    it. ``measurements`` names the measurements whose runs the candidates' ``samples`` pool (one per process that
+    probed the bucket).
     """
 
     bucket: str
@@ -134,6 +141,7 @@ class Decision:
     source: str = "measured"  # measured | disk cache | rule
     provisional: bool = False
     why: str = ""
+    measurements: List[str] = field(default_factory=list)
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain data for JSON and the disk cache: each candidate's ``reasons`` as their messages (as before codes
@@ -164,20 +172,36 @@ class Decision:
         _expect(_is_number(probe_seconds), f"probe_seconds must be a number, found {_kind(probe_seconds)}")
         provisional = data.get("provisional", False)  # absent in entries written before it existed: not provisional
         _expect(isinstance(provisional, bool), f"provisional must be true or false, found {_kind(provisional)}")
+        measurements = data.get("measurements", [])
+        _expect(
+            isinstance(measurements, list)
+            and all(isinstance(m, str) and m for m in measurements)
+            and len(set(measurements)) == len(measurements),
+            "measurements must be a list of distinct names",
+        )
+        candidates = [_candidate(entry, i) for i, entry in enumerate(entries)]
+        for i, candidate in enumerate(candidates):
+            foreign = sorted(set(candidate.samples) - set(measurements))
+            if foreign:
+                raise ValueError(f"candidate {i}: runs of measurement {foreign[0]!r}, which is not listed")
         return cls(
             bucket=data["bucket"],
             kernel=data["kernel"],
             select=data.get("select", "measure"),
-            candidates=[_candidate(entry, i) for i, entry in enumerate(entries)],
+            candidates=candidates,
             probe_seconds=float(probe_seconds),
             source=data.get("source", "measured"),
             provisional=provisional,
             why=data.get("why", ""),
+            measurements=list(measurements),
         )
 
     def explain_lines(self) -> List[str]:
         how = {"measured": f"measured in {self.probe_seconds:.2f} s", "disk cache": "from the disk cache"}
-        state = how.get(self.source, self.source) + ("; provisional" if self.provisional else "")
+        state = how.get(self.source, self.source)
+        if len(self.measurements) > 1:
+            state += f"; runs of {len(self.measurements)} measurements pooled"
+        state += "; provisional" if self.provisional else ""
         lines = [f"bucket {self.bucket}  [{state}]"]
         width = max([len(c.kernel) for c in self.candidates] + [6])
         for candidate in self.candidates:
@@ -185,14 +209,25 @@ class Decision:
             lines.append(f"  {marker} {candidate.kernel:<{width}}  {candidate.describe()}")
         if self.provisional:
             lines.append(f"    -> {self.kernel}, provisional: {self.why}")
-            lines.append("       (used by this process only; the next process measures this bucket again)")
+            then = "measures this bucket again" if self.source == "unmeasured" else "adds its runs of this bucket"
+            lines.append(f"       (used by this process; the next process {then})")
         else:
             lines.append(f"    -> {self.kernel}" + (f": {self.why}" if self.why else ""))
         return lines
 
 
 STATUSES = (PICKED, OK, REJECTED, REFUSED, SKIPPED, "not tried")
-_DECISION_FIELDS = {"bucket", "kernel", "select", "candidates", "probe_seconds", "source", "provisional", "why"}
+_DECISION_FIELDS = {
+    "bucket",
+    "kernel",
+    "select",
+    "candidates",
+    "probe_seconds",
+    "source",
+    "provisional",
+    "why",
+    "measurements",
+}
 _CANDIDATE_FIELDS = {
     "kernel",
     "status",
@@ -204,7 +239,10 @@ _CANDIDATE_FIELDS = {
     "tolerance",
     "low_s",
     "high_s",
+    "samples",
 }
+#: A candidate's times (seconds): plausible only when finite and above zero.
+_TIMES = ("median_s", "low_s", "high_s")
 
 
 def _expect(condition: bool, problem: str) -> None:
@@ -218,6 +256,22 @@ def _kind(value: Any) -> str:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_real(value: Any) -> bool:
+    """A JSON number (NaN and infinities included: Python's json reads them), not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _samples(data: Any, where: str) -> Dict[str, List[float]]:
+    """A candidate's timed runs by measurement: each a non-empty list of plausible times."""
+    _expect(isinstance(data, dict), f"{where}: samples must be an object of runs by measurement, found {_kind(data)}")
+    for name, runs in data.items():
+        _expect(isinstance(runs, list) and bool(runs), f"{where}: samples of {name!r} must be a non-empty list")
+        for value in runs:
+            _expect(_is_real(value), f"{where}: a run of {name!r} must be a number, found {_kind(value)}")
+            _expect(math.isfinite(value) and value > 0, f"{where}: a run of {name!r} took {value!r} s, not a time")
+    return {name: [float(value) for value in runs] for name, runs in data.items()}
 
 
 def _candidate(data: Any, index: int) -> CandidateResult:
@@ -241,7 +295,13 @@ def _candidate(data: Any, index: int) -> CandidateResult:
         raise ValueError(f"{where}: {exc}") from None
     for name in ("median_s", "parity_error", "tolerance", "low_s", "high_s"):
         value = data.get(name)
-        _expect(value is None or _is_number(value), f"{where}: {name} must be a number or null, found {_kind(value)}")
+        _expect(value is None or _is_real(value), f"{where}: {name} must be a number or null, found {_kind(value)}")
+        if value is None:
+            continue
+        if name in _TIMES:  # a time of NaN, inf, 0 or below is no measurement: a hand edit or a broken writer
+            _expect(math.isfinite(value) and value > 0, f"{where}: {name} is {value!r}, not a time (finite, > 0)")
+        else:
+            _expect(math.isfinite(value) and value >= 0, f"{where}: {name} is {value!r}, not finite and >= 0")
     spread = [data.get(name) for name in ("low_s", "median_s", "high_s")]
     if None not in spread:
         _expect(spread == sorted(spread), f"{where}: low_s <= median_s <= high_s does not hold: {spread}")
@@ -249,6 +309,26 @@ def _candidate(data: Any, index: int) -> CandidateResult:
     _expect(isinstance(runs, int) and not isinstance(runs, bool) and runs >= 0, f"{where}: bad runs {runs!r}")
     if data.get("parity_error") is not None:
         _expect(data.get("tolerance") is not None, f"{where}: a parity error without its tolerance")
+    samples = _samples(data.get("samples", {}), where)
+    if samples:  # the summary must be the one of the runs recorded: a time edited by hand does not match them
+        found = summarise(samples)
+        recorded = (data.get("median_s"), data.get("low_s"), data.get("high_s"), runs)
+        _expect(
+            recorded == (found.median, found.low, found.high, found.runs),
+            f"{where}: median_s, low_s, high_s and runs {list(recorded)} are not those of its recorded runs "
+            f"{[found.median, found.low, found.high, found.runs]}",
+        )
     fields = {name: value for name, value in data.items() if name != "reason_codes"}
     fields["reasons"] = kept if kept is not None else [as_reason(text) for text in reasons]
+    fields["samples"] = samples
     return CandidateResult(**fields)
+
+
+def all_runs(samples: Dict[str, List[float]]) -> List[float]:
+    """Every timed run of a candidate, whichever measurement made it."""
+    return [seconds for runs in samples.values() for seconds in runs]
+
+
+def summarise(samples: Dict[str, List[float]]) -> Spread:
+    """The median and middle half of all of a candidate's runs (:func:`npu_port.device.timing.spread`)."""
+    return spread(all_runs(samples))

@@ -22,9 +22,16 @@ clearly faster — median more than ``margin`` lower and middle halves apart —
 kernel, or a few percent of jitter, cannot hand a bucket to another kernel. When the timings cannot settle it (a
 candidate looks faster by more than the margin but the spreads overlap, or a non-preferred winner had fewer than
 :data:`MIN_CONFIDENT_RUNS` timed runs), the decision is *provisional*: used by this process, cached marked as such,
-and measured again by the next process. It is provisional as well when a candidate was skipped because the budget
+and measured more by the next process. It is provisional as well when a candidate was skipped because the budget
 was spent before it could run (e.g. the preferred kernel's first run stalled for longer than ``probe_seconds``):
 nothing was compared, so nothing is kept for good.
+
+Measuring more is not starting over (:func:`pool`): the next process's runs join the stored ones, each run kept under
+the measurement that made it, and the pick is made again on all of them (:func:`conclude`). Noise that a handful of
+runs could not see through often settles with three times as many; where it does not, the pick made on the pooled
+runs of :data:`MIN_CONFIDENT_RUNS` measurements is kept for good (the strategy's preference among candidates that
+timing cannot tell apart), so that on a busy machine a bucket stops being measured, and the kernel mix stops
+changing, after a few runs of a program.
 
 A pick made on first runs alone (no round fitted the budget) can only err towards the preferred kernel: a
 non-preferred winner has one timed run, fewer than :data:`MIN_CONFIDENT_RUNS`, so it is provisional and never holds
@@ -35,6 +42,7 @@ than its later runs would have been. All timing goes through :func:`_time_once`.
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -48,10 +56,10 @@ from ..attn.kernels.base import Kernel
 from ..attn.masks import CanonicalMask
 from ..attn.registry import get_kernel
 from ..device.rng import preserved_rng
-from ..device.timing import Rounds, spread, timed
+from ..device.timing import Rounds, timed
 from ..errors import NoKernelError
 from ..reasons import Reason
-from .decision import OK, PICKED, REFUSED, REJECTED, SKIPPED, CandidateResult, Decision
+from .decision import OK, PICKED, REFUSED, REJECTED, SKIPPED, CandidateResult, Decision, summarise
 from .spec import DEFAULT_OPTIONS
 
 #: A winner other than the preferred (first timed) candidate needs at least this many timed runs to be kept for good.
@@ -211,15 +219,27 @@ def _first_run(kernel: Kernel, call: AttentionCall) -> float:
     return seconds
 
 
-def _record(result: CandidateResult, samples: List[float]) -> None:
-    """The median of ``samples`` and their middle half (first and third quartiles, inclusive method: for 5 runs the
-    2nd and 4th fastest), which one outlier, however large, can shift only as far as a neighbouring run's time."""
-    summary = spread(samples)
+def _record(result: CandidateResult, samples: List[float], measurement: str) -> None:
+    """Keep ``samples`` as ``measurement``'s runs of the candidate and summarise all its runs: the median and their
+    middle half (first and third quartiles, inclusive method: for 5 runs the 2nd and 4th fastest), which one outlier,
+    however large, can shift only as far as a neighbouring run's time."""
+    result.samples[measurement] = list(samples)
+    _summarise(result)
+
+
+def _summarise(result: CandidateResult) -> None:
+    summary = summarise(result.samples)
     result.median_s, result.runs, result.low_s, result.high_s = summary.median, summary.runs, summary.low, summary.high
 
 
 def _time_round_robin(
-    survivors, call: AttentionCall, warmup: int, repeats: int, deadline: float, first: Dict[str, float]
+    survivors,
+    call: AttentionCall,
+    warmup: int,
+    repeats: int,
+    deadline: float,
+    first: Dict[str, float],
+    measurement: str,
 ) -> None:
     """Run the survivors in interleaved rounds (:class:`~npu_port.device.timing.Rounds`: one run each per round with
     the order rotated, so that a burst of load on a shared machine slows every candidate alike instead of skewing one
@@ -243,7 +263,7 @@ def _time_round_robin(
     rounds.run(repeats, untimed=max(warmup, 1) - 1, deadline=deadline, first_round_s=first_round_s)
     for (_, result), times in zip(survivors, rounds.samples):
         if result.status == OK:
-            _record(result, times or [first[result.kernel]])
+            _record(result, times or [first[result.kernel]], measurement)
 
 
 def _ms(seconds: float) -> str:
@@ -310,8 +330,11 @@ def measure(
     parity_rows: int,
     margin: float = DEFAULT_OPTIONS["margin"],
 ) -> Decision:
-    """Decide the kernel for ``call``'s bucket by measuring ``candidates`` (see the module docstring)."""
+    """Decide the kernel for ``call``'s bucket by measuring ``candidates`` (see the module docstring). The timed runs
+    are kept under a new measurement name (the decision's ``measurements``), so that :func:`pool` can add them to
+    an earlier measurement's."""
     started = time.perf_counter()
+    measurement = new_measurement()
     deadline = started + probe_seconds
     needs_grad = call.needs_grad  # (measuring runs without autograd)
     results: List[CandidateResult] = []
@@ -377,12 +400,44 @@ def measure(
             survivors.append((kernel, result))
             results.append(result)
         if len(survivors) == 1:  # nothing to compare: its first run's time is shown, and a huge call is not run again
-            _record(survivors[0][1], [first[survivors[0][0].name]])
+            _record(survivors[0][1], [first[survivors[0][0].name]], measurement)
         elif survivors:  # (none: every candidate was rejected, which is said below)
-            _time_round_robin(survivors, call, warmup, repeats, deadline, first)
-    timed = [result for _, result in survivors if result.status == OK]  # in the strategy's order
-    if not timed:
+            _time_round_robin(survivors, call, warmup, repeats, deadline, first, measurement)
+    if not any(result.status == OK for _, result in survivors):
         raise NoKernelError(call.describe(), {r.kernel: r.reasons for r in results})
+    decision = Decision(
+        bucket=bucket,
+        kernel="",
+        select="measure",
+        candidates=results,
+        probe_seconds=time.perf_counter() - started,
+        measurements=[measurement],
+    )
+    return conclude(decision, [kernel.name for kernel in candidates], margin, probe_seconds)
+
+
+def new_measurement() -> str:
+    """A name for one measurement of one bucket, unique across processes and machines sharing a cache folder."""
+    return uuid.uuid4().hex[:12]
+
+
+def conclude(decision: Decision, order: Sequence[str], margin: float, probe_seconds: float) -> Decision:
+    """``decision`` with its winner, provisional flag and why set from its candidates' runs (all of them, pooled
+    across its measurements): :func:`pick` among the timed candidates in the strategy's ``order``. The pick is
+    provisional as well when a candidate was skipped (the probe budget was spent before it could run, and no earlier
+    measurement timed it: nothing was compared with it). A provisional pick is measured more by later processes,
+    each adding its runs; once the runs of :data:`MIN_CONFIDENT_RUNS` measurements are pooled it is settled even if
+    they leave it open — more runs of the same noise would not separate the candidates, and the pick then is the
+    strategy's preference among them (a later candidate only wins clearly), so it stops being measured and stops
+    changing from run to run."""
+    results = decision.candidates
+    for result in results:
+        if result.status == PICKED:
+            result.status = OK
+    rank = {name: index for index, name in enumerate(order)}
+    timed = sorted(
+        (r for r in results if r.status == OK and r.median_s is not None), key=lambda r: rank.get(r.kernel, len(rank))
+    )
     best, provisional, why = pick(timed, margin)
     skipped = [r.kernel for r in results if r.status == SKIPPED]
     if skipped:  # nothing was compared with them: measured again by the next process
@@ -392,15 +447,34 @@ def measure(
         )
         why = f"{why}; {unmeasured}" if provisional else unmeasured
         provisional = True
+    pooled = len(decision.measurements)
+    if provisional and pooled >= MIN_CONFIDENT_RUNS:
+        provisional = False
+        why = f"{why}; settled: the runs of {pooled} measurements are pooled, and more would not separate them"
     best.status = PICKED
-    order = {PICKED: 0, OK: 1, REJECTED: 2, SKIPPED: 3, REFUSED: 4}
-    results.sort(key=lambda r: (order[r.status], r.median_s if r.median_s is not None else 0.0))
-    return Decision(
-        bucket=bucket,
-        kernel=best.kernel,
-        select="measure",
-        candidates=results,
-        probe_seconds=time.perf_counter() - started,
-        provisional=provisional,
-        why=why,
-    )
+    statuses = {PICKED: 0, OK: 1, REJECTED: 2, SKIPPED: 3, REFUSED: 4}
+    results.sort(key=lambda r: (statuses.get(r.status, 5), r.median_s if r.median_s is not None else 0.0))
+    return replace(decision, kernel=best.kernel, provisional=provisional, why=why, candidates=results)
+
+
+def pool(earlier: Decision, later: Decision, order: Sequence[str], margin: float, probe_seconds: float) -> Decision:
+    """One decision from two measurements of the same bucket: ``later``'s candidates (what this machine can run and
+    what passed parity is its answer) with each timed candidate's runs joined to ``earlier``'s, by measurement, so
+    that runs both already hold (two processes that pooled the same earlier entry) count once; a candidate ``later``
+    skipped keeps ``earlier``'s runs. Then :func:`conclude` over all the runs. Pooling is a union, so the result
+    does not depend on which process writes first: the disk cache merges concurrent writers with it."""
+    before = {c.kernel: c for c in earlier.candidates if c.status in (PICKED, OK) and c.samples}
+    candidates = []
+    for result in later.candidates:
+        result = replace(result, reasons=list(result.reasons), samples=dict(result.samples))
+        old = before.get(result.kernel)
+        if old is not None and result.status in (PICKED, OK, SKIPPED):
+            for measurement, runs in old.samples.items():
+                result.samples.setdefault(measurement, list(runs))
+            if result.status == SKIPPED:
+                result.status, result.reasons = OK, []
+            _summarise(result)
+        candidates.append(result)
+    measurements = list(dict.fromkeys(earlier.measurements + later.measurements))
+    joined = replace(later, candidates=candidates, measurements=measurements)
+    return conclude(joined, order, margin, probe_seconds)

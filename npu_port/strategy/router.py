@@ -3,8 +3,9 @@
 ``fixed`` runs its one kernel and refuses (with the reasons) a call it cannot run — never a silent fallback.
 ``first`` takes the first candidate that can run the call, and records the others' reasons. ``measure`` (auto)
 decides once per shape bucket (see :mod:`.measure`), from memory, else the disk cache, else by measuring; a
-provisional decision (timing noise left it open) is kept in memory for this router but not trusted from the disk
-cache, so the next process measures that bucket again.
+provisional decision (timing noise left it open) is kept in memory for this router, and a provisional entry in the
+disk cache is measured more (its runs pooled with this process's: :func:`.measure.pool`) rather than trusted. Every
+decision kept is noted for auto's one line per process (:mod:`.summary`).
 The router is callable with SDPA's signature, which is how the diffusers integration and the flash_attn /
 xformers drop-ins reach it; ``select`` is the hook ``npu_port.attention(kernel=None)`` uses.
 """
@@ -32,9 +33,10 @@ from ..errors import KernelUnavailableError, NoKernelError, StrategyError
 from ..reasons import Reason
 from .cache import DecisionCache, kernel_packages
 from .cast import CastKernel
-from .decision import PICKED, REFUSED, CandidateResult, Decision, bucket_key, bucket_signature
-from .measure import UNMEASURED, measure
+from .decision import OK, PICKED, REFUSED, CandidateResult, Decision, bucket_key, bucket_signature
+from .measure import UNMEASURED, measure, pick, pool
 from .spec import OPTIONS, Strategy
+from .summary import SUMMARY
 
 #: Signatures whose prepared runner is kept; past this many (shapes that keep changing) the table starts over.
 MAX_PREPARED = 1024
@@ -257,6 +259,8 @@ class StrategyRouter:
             # (an unmeasured call that needs gradients keeps its pick, provisionally: see measure._unmeasured)
             self.decisions[bucket] = decision
             self._chosen[signature] = kernel
+            if self.strategy.select == "measure":
+                SUMMARY.note(self.strategy.name, decision)
         return kernel, True
 
     def _kernel_named(self, name: str, call: AttentionCall) -> Kernel:
@@ -311,16 +315,50 @@ class StrategyRouter:
         valid = ", ".join(dict.fromkeys(self._forms(k, call)[0].name for k in self.kernels))
         return f"kernel {cached.kernel!r} is not a candidate of strategy {self.strategy.name!r} (candidates: {valid})"
 
+    def _untrusted(self, cached: Decision, call: AttentionCall) -> Optional[str]:
+        """Why a stored decision is not to be used (None: it can be): :meth:`_stale`, or an entry that could not
+        have been written by measuring — a candidate no strategy candidate's name, a kernel that is not the one its
+        candidates mark picked, or timings that do not make it the winner by the rule that picked it (a slow kernel
+        pinned by hand: :func:`~npu_port.strategy.measure.pick` on the recorded timings, in the strategy's order)."""
+        problem = self._stale(cached, call)
+        if problem is not None:
+            return problem
+        order = [self._forms(kernel, call)[0].name for kernel in self.kernels]
+        unknown = [c.kernel for c in cached.candidates if c.kernel not in order]
+        if unknown:
+            return f"its candidate {unknown[0]!r} is not a candidate of strategy {self.strategy.name!r}"
+        picked = [c.kernel for c in cached.candidates if c.status == PICKED]
+        if picked != [cached.kernel]:
+            return f"it names kernel {cached.kernel!r} but marks {' and '.join(map(repr, picked)) or 'none'} picked"
+        timed = [c for c in cached.candidates if c.status in (PICKED, OK) and c.median_s is not None]
+        timed.sort(key=lambda c: order.index(c.kernel))
+        if not timed:
+            return "it records no timings"
+        spreads = [replace(c, low_s=c.median_s if c.low_s is None else c.low_s) for c in timed]
+        spreads = [replace(c, high_s=c.median_s if c.high_s is None else c.high_s) for c in spreads]
+        winner = pick(spreads, self.strategy.option("margin"))[0]
+        if winner.kernel != cached.kernel:
+            mine = next(c for c in timed if c.kernel == cached.kernel)
+            return (
+                f"its timings make {winner.kernel!r} the winner (median {winner.median_s * 1e3:.3g} ms), not the "
+                f"recorded {cached.kernel!r} (median {mine.median_s * 1e3:.3g} ms)"
+            )
+        return None
+
     def _measured(self, call: AttentionCall, bucket: str) -> Decision:
         cache = self.cache_for(call)
+        earlier: Optional[Decision] = None  # a provisional entry: measured more, its runs pooled with this one's
         if cache is not None:
             cached = cache.get(bucket)
             if cached is not None:
-                problem = self._stale(cached, call)
-                if problem is None:
+                problem = self._untrusted(cached, call)
+                if problem is not None:
+                    cache.ignore(bucket, problem)
+                elif not cached.provisional:
                     cache.loaded()
                     return cached
-                cache.ignore(bucket, problem)
+                else:
+                    earlier = cached
         budget = self.strategy.option("memory_budget")
         if budget is None:
             free = free_memory_bytes(call.device)
@@ -330,6 +368,9 @@ class StrategyRouter:
             form, _ = self._forms(kernel, call)
             forms.append(form)
         self.probes += 1
+        probe_seconds = self.strategy.option("probe_seconds")
+        margin = self.strategy.option("margin")
+        order = [form.name for form in forms]
         decision = measure(
             call,
             bucket,
@@ -337,12 +378,25 @@ class StrategyRouter:
             budget_bytes=budget,
             warmup=self.strategy.option("warmup"),
             repeats=self.strategy.option("repeats"),
-            probe_seconds=self.strategy.option("probe_seconds"),
+            probe_seconds=probe_seconds,
             parity_rows=self.strategy.option("parity_rows"),
-            margin=self.strategy.option("margin"),
+            margin=margin,
         )
-        if cache is not None and decision.source != UNMEASURED:
-            cache.put(decision)
+        if decision.source == UNMEASURED:
+            return decision
+        if earlier is not None:
+            decision = pool(earlier, decision, order, margin, probe_seconds)
+            cache.pooled += 1
+        if cache is not None:
+
+            def merge(stored: Decision, new: Decision) -> Decision:
+                """What another process wrote since (or what this one pooled) joins this one's runs; an entry this
+                router would not use (the one it ignored, say) is replaced, as said."""
+                if self._untrusted(stored, call) is not None:
+                    return new
+                return pool(stored, new, order, margin, probe_seconds)
+
+            cache.put(decision, merge=merge)
         return decision
 
     # ---- running ----------------------------------------------------------------------------------------------
@@ -444,7 +498,8 @@ class StrategyRouter:
         if s.source:
             lines.append(f"  defined in {s.source}")
         for cache in self.caches.values():
-            lines.append(f"  disk cache: {cache.path} ({cache.loads} decisions loaded, {cache.writes} written)")
+            pooled = f", {cache.pooled} provisional measured more" if cache.pooled else ""
+            lines.append(f"  disk cache: {cache.path} ({cache.loads} decisions loaded, {cache.writes} written{pooled})")
             if cache.error:
                 lines.append(f"  disk cache not written: {cache.error}")
             lines += [f"  {line}" for line in cache.ignored]
