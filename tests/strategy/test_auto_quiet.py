@@ -152,7 +152,8 @@ def test_processes_measuring_one_bucket_at_once_pool_their_runs_without_a_word(t
 
     (tmp_path / "writer.py").write_text(WRITER)
     (tmp_path / "barrier").mkdir()
-    env = {**os.environ, "NPU_PORT_CACHE_DIR": str(tmp_path / "cache")}
+    # the same threads as this process: the cpu's name in the cache key says how many (pytest-xdist lowers them)
+    env = {**os.environ, "NPU_PORT_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": str(torch.get_num_threads())}
     with pytest.MonkeyPatch.context() as patch:  # the stored entry they all find: provisional, one measurement
         patch.setenv("NPU_PORT_CACHE_DIR", env["NPU_PORT_CACHE_DIR"])
         handle = npu_port.set_attention_strategy("auto", candidates=["sdpa", "math"], probe_seconds=60.0)

@@ -201,7 +201,7 @@ def _loader_patches(state: _Installed) -> List[Tuple[Any, str, Any]]:
         state.loaders.append(module)
         original = getattr(module, name)
         hit = state.log.counter(name)
-        plan.append((module, name, wrappers.device_name(original, state.mapper, hit, position)))
+        plan.append((module, name, wrappers.device_name_or_ordinal(original, state.mapper, hit, position)))
     return plan
 
 

@@ -56,7 +56,7 @@ def device_keywords(
     return wrapper
 
 
-def device_name(original: Callable, mapper: DeviceMapper, hit: Hit, position: int, keyword: str = "device"):
+def device_name_or_ordinal(original: Callable, mapper: DeviceMapper, hit: Hit, position: int, keyword: str = "device"):
     """A loader whose ``device`` is a name or an ordinal only (safetensors' ``load_file``): those are mapped, at the
     call the caller wrote; anything else (a ``torch.device``, which safetensors refuses on CUDA too) goes through
     as it is, so the loader's own error is the one raised."""
