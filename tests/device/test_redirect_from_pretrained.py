@@ -14,12 +14,14 @@ from typing import Any, Dict, List
 import pytest
 import torch
 from diffusers import DDPMPipeline, DDPMScheduler, UNet2DConditionModel, UNet2DModel
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2LMHeadModel
 
 from npu_port.device.redirect import install, patched_attributes, redirect_cuda, wrappers
 from npu_port.device.redirect.install import DEVICE_MAP_ON_CPU
 from npu_port.device.redirect.mapping import DeviceMapper
 from npu_port.upstream import loaders
+
+from ..loader_models import save_tiny_models
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch_dtype` is deprecated:FutureWarning")
 
@@ -36,22 +38,7 @@ def saved(tmp_path_factory):
     """A tiny GPT-2, a tiny conditional UNet (which supports ``device_map="auto"`` in every diffusers release) and a
     tiny DDPM pipeline (a pipeline's device map)."""
     root = tmp_path_factory.mktemp("tiny_models")
-    torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16)).save_pretrained(
-        root / "gpt2"
-    )
-    UNet2DConditionModel(
-        sample_size=8,
-        in_channels=4,
-        out_channels=4,
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        norm_num_groups=8,
-        cross_attention_dim=8,
-        attention_head_dim=2,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-    ).save_pretrained(root / "unet")
+    save_tiny_models(root)
     unet = UNet2DModel(
         sample_size=8,
         block_out_channels=(8, 16),

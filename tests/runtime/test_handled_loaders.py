@@ -19,14 +19,14 @@ from typing import Any, Dict, Optional, Set
 import pytest
 import safetensors.torch
 import torch
-from diffusers import UNet2DConditionModel
 from torch.utils.data import TensorDataset
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from npu_port.device.redirect import redirect_cuda
 from npu_port.runtime import handled
 from npu_port.scan.engine import scan_file
 from npu_port.scan.rule import rules
+
+from ..loader_models import save_tiny_models
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch_dtype` is deprecated:FutureWarning")
 
@@ -158,22 +158,7 @@ def inputs(tmp_path_factory):
         torch.save(tensors, str(root / "ckpt.pt"))
     finally:
         torch.serialization._package_registry.remove(entry)
-    torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16)).save_pretrained(
-        root / "gpt2"
-    )
-    UNet2DConditionModel(
-        sample_size=8,
-        in_channels=4,
-        out_channels=4,
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        norm_num_groups=8,
-        cross_attention_dim=8,
-        attention_head_dim=2,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-    ).save_pretrained(root / "unet")
+    save_tiny_models(root)
     return {
         "lora": str(root / "lora.safetensors"),
         "lora_bytes": (root / "lora.safetensors").read_bytes(),
