@@ -7,6 +7,7 @@ applied, one untouched) and run in alternating order for ``--rounds`` rounds, so
 alike; the ratio of medians is the result. The images are compared too: the port must not change the output.
 
     python benchmarks/dit_strategy_overhead.py [--rounds 30] [--steps 10] [--out benchmarks/results/...json]
+    python benchmarks/dit_strategy_overhead.py --device cuda --dtype float16   # on a GPU (benchmarks/gpu/)
 """
 
 from __future__ import annotations
@@ -34,18 +35,23 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, npu, ...")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     parser.add_argument("--out", default=None, help="write the result JSON here")
     args = parser.parse_args(argv)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
 
     with tempfile.TemporaryDirectory() as tmp:
         save_dir = os.path.join(tmp, "dit")
         original = tiny_dit_pipeline(save_dir=save_dir)
         ported = tiny_dit_pipeline(save_dir=save_dir)
+    original.to(device=device, dtype=dtype)
+    ported.to(device=device, dtype=dtype)
     handle = npu_port.set_attention_strategy("sdpa", target=ported)
     try:
         reference = run_tiny_pipeline(original, steps=args.steps)
         ours = run_tiny_pipeline(ported, steps=args.steps)
-        max_diff = float((reference - ours).abs().max())
+        max_diff = float((reference.float().cpu() - ours.float().cpu()).abs().max())
         pipes = {"AttnProcessor2_0": original, "npu-port sdpa": ported}
         rounds = Rounds(list(pipes.values()), lambda pipe: timed(lambda: run_tiny_pipeline(pipe, steps=args.steps))[1])
         rounds.run(args.rounds, untimed=args.warmup)  # alternating: the order swaps every round
@@ -58,7 +64,7 @@ def main(argv=None) -> int:
     result = {
         "benchmark": "dit_strategy_overhead",
         "machine": {
-            "device": device_name("cpu"),
+            "device": device_name(device),
             "cpu_count": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
@@ -66,6 +72,7 @@ def main(argv=None) -> int:
             "npu_port": npu_port.__version__,
         },
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "dtype": args.dtype,
         "rounds": args.rounds,
         "steps": args.steps,
         "median_seconds": medians,

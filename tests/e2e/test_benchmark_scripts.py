@@ -119,3 +119,17 @@ def test_the_analytic_figures_of_parallel_scaling():
     # ring 2: k and v of 32 tokens x 4 heads x 64 to the one peer, per call; CFG: one output exchange per step
     assert scaling.analytic_bytes(shapes, 1, 2, True) == {"all_to_all": 0, "all_gather": 2 * 2 * 32 * 4 * 64 * 4 + 4000}
     assert scaling.diffusers_gather_bytes(shapes, 2, 2, False) == 2 * 1000 / 4 * 4 * 3
+
+
+def test_dit_strategy_overhead_on_a_named_device_and_dtype(tmp_path):
+    """The GPU check (benchmarks/gpu/run_gpu.sh) runs it with --device cuda --dtype float16: the pipelines move there
+    and the images are compared on the host; the report names the device and dtype it measured."""
+    out = tmp_path / "overhead.json"
+    module = _load("dit_strategy_overhead")
+    code = module.main(["--device", "cpu", "--dtype", "bfloat16", "--rounds", "1", "--steps", "1", "--warmup", "0",
+                        "--out", str(out)])  # fmt: skip
+    report = json.loads(out.read_text())
+    assert code == (0 if report["passed"] else 1)
+    assert report["dtype"] == "bfloat16" and report["machine"]["device"].startswith("cpu: ")
+    assert report["max_abs_image_diff"] == 0.0  # the same SDPA kernel on both sides
+    assert set(report["median_seconds"]) == {"AttnProcessor2_0", "npu-port sdpa"}
