@@ -43,7 +43,8 @@ LAYER = {
     "doctor": 5,
     "scan": 4,  # read by runtime: npu-port run rewrites what a scan rule finds
     "infer": 5,
-    "plan": 5,  # npu-port plan: records a run (uses infer, strategy, integrations) and judges it for a target
+    "plan": 5,
+    "diff": 5,  # npu-port diff: records runs (strategy's router watch) and compares them; runs pipelines via infer  # npu-port plan: records a run (uses infer, strategy, integrations) and judges it for a target
     "demo": 5,
     "cli": 6,
     "__main__": 7,

@@ -1,0 +1,13 @@
+"""``npu-port diff``: record two runs module by module and find where their outputs first part.
+
+- :func:`capture` (``capture.py``): hooks on every module and on npu-port's attention router, streamed to a dump;
+- :class:`Dump` (``dump.py``): the dump format (JSON index, JSON-lines records, safetensors for full tensors);
+- :func:`compare_dumps` (``compare.py``): per module and step, error against per-dtype tolerances, the first
+  divergence and whether it is the origin.
+"""
+
+from .capture import Capture, capture
+from .compare import DiffReport, compare_dumps
+from .dump import Dump, DumpError
+
+__all__ = ["Capture", "DiffReport", "Dump", "DumpError", "capture", "compare_dumps"]
