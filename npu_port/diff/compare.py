@@ -12,9 +12,10 @@ exceeds what its inputs carried: its inputs match (error at most tolerance / :da
 to just under the tolerance upstream and just over it here is carried, not made here), or its output error is over
 :data:`AMPLIFY` times its inputs' error, or its output gained NaN/inf its inputs did not have. With the live modules
 of side B (``compare_dumps(..., modules_b=...)``) and side A's inputs and outputs kept whole (``capture(full=...)``),
-a divergent call is decided by re-running it instead (:mod:`.rerun`): B's module on A's inputs, against A's output. Module calls are ordered by when they
-finished (side A's ``seq`` of their first output record): a submodule finishes before the module around it, so the
-first origin in that order is the innermost place where the difference starts — ``first_divergence``.
+a divergent call is decided by re-running it instead (:mod:`.rerun`): B's module on A's inputs, against A's output.
+Module calls are ordered by when they finished (side A's ``seq`` of their first output record): a submodule finishes
+before the module around it, so the first origin in that order is the innermost place where the difference starts —
+``first_divergence``.
 """
 
 from __future__ import annotations
@@ -267,9 +268,13 @@ def compare_records(a_records: Iterable[Dict[str, Any]], b_records: Iterable[Dic
 def compare_dumps(a: Dump, b: Dump, *, modules_b: Any = None) -> DiffReport:
     """Compare dump ``a`` (the reference) with dump ``b``.
 
-    ``modules_b``: side B's live modules, a mapping or a callable from module path (as in the dump) to
-    ``torch.nn.Module`` (or None); each divergent module call whose inputs and outputs side A kept whole is then
-    re-run on A's inputs to decide whether it is the origin (:func:`.rerun.rerun_calls`)."""
+    ``modules_b``: side B's live modules: its model or pipeline, or a mapping or a callable from module path (as in
+    the dump) to ``torch.nn.Module`` (or None); each divergent module call whose inputs and outputs side A kept whole
+    is then re-run on A's inputs to decide whether it is the origin (:func:`.rerun.rerun_calls`)."""
+    if modules_b is not None:
+        from .rerun import check_modules
+
+        check_modules(modules_b)
     report = compare_records(a.records(), b.records(), a_dump=a, b_dump=b, a_meta=a.meta, b_meta=b.meta)
     if modules_b is not None:
         from .rerun import rerun_calls

@@ -19,21 +19,48 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 
-from .capture import _outputs
+from .capture import ROOT, _outputs
 from .compare import CallResult, DiffReport, compare_pair
 from .dump import Dump
 from .stats import SAMPLE, tensor_stats
 
-Modules = Union[Mapping[str, torch.nn.Module], Callable[[str], Optional[torch.nn.Module]]]
+Modules = Union[torch.nn.Module, Any, Mapping[str, torch.nn.Module], Callable[[str], Optional[torch.nn.Module]]]
 
 _ARG = re.compile(r"args\[(\d+)\]\Z")
 _KWARG = re.compile(r"kwargs\.([A-Za-z_][A-Za-z0-9_]*)\Z")
 
 
-def _lookup(modules: Modules, path: str) -> Optional[torch.nn.Module]:
-    if callable(modules) and not isinstance(modules, Mapping):
-        return modules(path)
-    return modules.get(path)
+def _submodule(root: torch.nn.Module, path: str) -> Optional[torch.nn.Module]:
+    try:
+        return root.get_submodule(path) if path else root
+    except AttributeError:
+        return None
+
+
+def lookup(modules: Modules, path: str) -> Optional[torch.nn.Module]:
+    """The module at ``path`` (a dump's module path) among ``modules``: a model (named as :func:`capture` names it,
+    the model itself ``(model)``), a pipeline (``unet.mid_block``), a mapping or a callable from path to module."""
+    if isinstance(modules, torch.nn.Module):
+        return modules if path == ROOT else _submodule(modules, path)
+    components = getattr(modules, "components", None)
+    if isinstance(components, dict):
+        name, _, rest = path.partition(".")
+        component = components.get(name)
+        return _submodule(component, rest) if isinstance(component, torch.nn.Module) else None
+    if isinstance(modules, Mapping):
+        return modules.get(path)
+    return modules(path)
+
+
+def check_modules(modules: Any) -> None:
+    """Refuse, before any comparing, what :func:`lookup` cannot read."""
+    if isinstance(modules, (torch.nn.Module, Mapping)) or isinstance(getattr(modules, "components", None), dict):
+        return
+    if not callable(modules):
+        raise TypeError(
+            f"modules_b must be side B's model or pipeline, or a mapping or a callable from module path to module, "
+            f"not {type(modules).__name__}"
+        )
 
 
 def _placement(module: torch.nn.Module) -> torch.device:
@@ -104,7 +131,7 @@ def rerun_calls(report: DiffReport, a: Dump, modules_b: Modules) -> int:
     many calls were re-run."""
     done = 0
     for call in report.divergent:
-        module = _lookup(modules_b, call.module)
+        module = lookup(modules_b, call.module)
         if module is None:
             continue
         verdict = rerun_call(call, a, module)
