@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 from typing import Any, Dict, List
 
 import torch
@@ -55,24 +56,14 @@ def tensor_stats(tensor: torch.Tensor, sample_size: int = SAMPLE) -> Dict[str, A
         return record
     flat = data.reshape(-1)
     values = flat.float() if flat.dtype != torch.float64 else flat
-    nan = torch.isnan(values)
-    inf = torch.isinf(values)
-    finite = ~(nan | inf)
-    count = finite.sum()
-    zero = torch.zeros((), dtype=values.dtype, device=values.device)
-    filled = torch.where(finite, values, zero)
-    total = filled.sum()
-    mean = total / count.clamp(min=1)
-    var = (torch.where(finite, values - mean, zero) ** 2).sum() / (count - 1).clamp(min=1)
-    big = torch.finfo(values.dtype).max
-    low = torch.where(finite, values, torch.full_like(values, big)).min()
-    high = torch.where(finite, values, torch.full_like(values, -big)).max()
     positions = sample_positions(numel, sample_size).to(values.device)
-    sample = values.index_select(0, positions)
-    summary = torch.stack([low.double(), high.double(), mean.double(), var.sqrt().double(), nan.sum().double(),
-                           inf.sum().double(), count.double()]).cpu().tolist()  # fmt: skip
+    total = float(values.sum()) if values.device.type == "cpu" else math.nan
+    if math.isfinite(total):  # a finite sum: no NaN or inf anywhere (the common case, in 3 passes instead of 12)
+        summary = _all_finite(values, total)
+    else:
+        summary = _with_nonfinite(values)
     low, high, mean, std, nans, infs, finite_count = summary
-    sample_list: List[float] = sample.double().cpu().tolist()
+    sample_list: List[float] = values.index_select(0, positions).double().cpu().tolist()
     record.update(
         min=low if finite_count else None,
         max=high if finite_count else None,
@@ -88,6 +79,34 @@ def tensor_stats(tensor: torch.Tensor, sample_size: int = SAMPLE) -> Dict[str, A
         text = repr((record["shape"], record["dtype"], summary, sample_list)).encode()
         record["hash"] = "sampled:" + hashlib.blake2b(text, digest_size=16).hexdigest()
     return record
+
+
+def _all_finite(values: torch.Tensor, total: float) -> List[float]:
+    """:func:`_with_nonfinite`'s summary for a host tensor known to hold no NaN or inf (``total``: its sum)."""
+    low, high = torch.aminmax(values)
+    count = values.numel()
+    std = float(values.std()) if count > 1 else 0.0
+    return [float(low), float(high), total / count, std, 0.0, 0.0, float(count)]
+
+
+def _with_nonfinite(values: torch.Tensor) -> List[float]:
+    """``[min, max, mean, std, nan count, inf count, finite count]`` over the finite values, read on the tensor's
+    device and moved to the host in one transfer."""
+    nan = torch.isnan(values)
+    inf = torch.isinf(values)
+    finite = ~(nan | inf)
+    count = finite.sum()
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    filled = torch.where(finite, values, zero)
+    total = filled.sum()
+    mean = total / count.clamp(min=1)
+    var = (torch.where(finite, values - mean, zero) ** 2).sum() / (count - 1).clamp(min=1)
+    big = torch.finfo(values.dtype).max
+    low = torch.where(finite, values, torch.full_like(values, big)).min()
+    high = torch.where(finite, values, torch.full_like(values, -big)).max()
+    summary = torch.stack([low.double(), high.double(), mean.double(), var.sqrt().double(), nan.sum().double(),
+                           inf.sum().double(), count.double()]).cpu().tolist()  # fmt: skip
+    return summary
 
 
 def _host_bytes(tensor: torch.Tensor) -> bytes:
