@@ -3,6 +3,7 @@ configs into a folder and loaded back in a dtype, and the tiny DiT one (``npu_po
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -18,12 +19,15 @@ def text2image_pipeline(folder: Path, dtype: torch.dtype = torch.float32):
 
     if not (Path(folder) / "model_index.json").is_file():
         build_tiny_text2image(str(folder))
-    pipe = DiffusionPipeline.from_pretrained(str(folder), torch_dtype=dtype)
+    with warnings.catch_warnings():  # diffusers >= 0.42 renamed torch_dtype to dtype; older ones know only this
+        warnings.filterwarnings("ignore", message="`torch_dtype` is deprecated", category=FutureWarning)
+        pipe = DiffusionPipeline.from_pretrained(str(folder), torch_dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
 def run_text2image(pipe, steps: int = 2) -> None:
+    """``steps`` denoising steps of one prompt with classifier-free guidance (a batch of 2 per UNet call)."""
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         pipe("a red house", num_inference_steps=steps, generator=generator, output_type="pt")

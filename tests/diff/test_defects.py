@@ -58,6 +58,7 @@ def test_is_causal_dropped_in_one_call_is_named_first_as_origin(tmp_path):
     assert first["input_error"] == 0.0 and first["error"] > 100 * first["tolerance"]
 
 
+@pytest.mark.slow
 def test_a_defect_that_starts_at_the_second_step_is_reported_at_that_step(tmp_path):
     report, first = _first(tmp_path, "encoder", "blocks.0.attn", from_call=1, calls=3)
     assert _names(first) == ("blocks.0.attn", True, 1, 0)
@@ -80,6 +81,7 @@ def _geglu_tanh(gate: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh")
 
 
+@pytest.mark.slow
 def test_geglu_tanh_instead_of_erf_in_one_feed_forward_is_named_first(tmp_path):
     from npu_port.integrations.diffusers.tiny import run_tiny, tiny_unet
 
@@ -214,10 +216,10 @@ def test_sdpa_and_vanilla_attention_on_the_tiny_dit_pipeline_do_not_diverge(tmp_
 
 
 @pytest.mark.slow
-def test_sdpa_and_vanilla_attention_on_the_tiny_unet_pipeline_do_not_diverge(tmp_path):
+def test_sdpa_and_vanilla_attention_on_the_tiny_unet_pipeline_do_not_diverge(tmp_path, text2image_dir):
     from .pipelines import run_text2image, text2image_pipeline
 
-    report = _strategy_dumps(text2image_pipeline(tmp_path / "pipe"), run_text2image, tmp_path)
+    report = _strategy_dumps(text2image_pipeline(text2image_dir), lambda pipe: run_text2image(pipe, steps=1), tmp_path)
     assert report.as_dict()["first_divergence"] is None
     assert report.only_a == report.only_b == 0 and len(report.calls) > 100
     assert any(c.kind == "attention" for c in report.calls)
