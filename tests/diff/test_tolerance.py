@@ -12,6 +12,7 @@ from npu_port.diff.compare import AMPLIFY, TOLERANCE
 
 from .pipelines import dit_pipeline, run_dit, run_text2image, text2image_pipeline
 
+
 def _one_step(pipe) -> None:
     run_text2image(pipe, steps=1)  # the UNet pipeline's text encoder and VAE are most of its modules
 
