@@ -101,7 +101,7 @@ def test_geglu_tanh_instead_of_erf_in_one_feed_forward_is_named_first(tmp_path):
     first = compare_dumps(Dump(tmp_path / "a.d"), Dump(tmp_path / "b.d")).as_dict()["first_divergence"]
     assert _names(first) == (path, True, 0, 0)
     assert first["class"] == "GEGLU" and first["input_error"] == 0.0
-    assert first["error"] > 10 * TOLERANCE["float32"]
+    assert first["error"] > 100 * TOLERANCE["float32"]  # 1.6e-2 here: not a marginal call
 
 
 @pytest.fixture

@@ -73,3 +73,21 @@ def test_modules_b_that_cannot_be_read_is_refused_before_comparing(tmp_path):
     assert str(caught.value) == (
         "modules_b must be side B's model or pipeline, or a mapping or a callable from module path to module, not int"
     )
+
+
+@pytest.mark.slow
+def test_re_running_an_attention_module_with_a_flipped_mask_confirms_it_and_clears_the_later_ones(tmp_path):
+    from . import defect_models as dm
+
+    clean, defective = dm.build("encoder"), dm.build("encoder")
+    dm.switch_on(defective, "blocks.1.attn")
+    for model, name in ((clean, "a.d"), (defective, "b.d")):
+        with capture(model, tmp_path / name, full=["blocks.*"]):
+            dm.run(model, "encoder")
+    report = compare_dumps(Dump(tmp_path / "a.d"), Dump(tmp_path / "b.d"), modules_b=defective)
+    first = report.as_dict()["first_divergence"]
+    assert (first["module"], first["origin"], first["origin_by"]) == ("blocks.1.attn", True, "rerun")
+    assert first["rerun_error"] == pytest.approx(first["error"])  # the same inputs: the whole error is its own
+    verdicts = _verdicts(report)
+    assert verdicts["blocks.2.attn"] == (False, "rerun") and verdicts["blocks.2"] == (False, "rerun")
+    assert verdicts["(model)"] == (True, "inputs")  # not kept whole (full= named blocks only): the errors decide
