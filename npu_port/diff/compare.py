@@ -219,6 +219,12 @@ class DiffReport:
         origins = [c for c in divergent if c.origin]
         return (origins or divergent or [None])[0]
 
+    def text(self, top: int = 10) -> str:
+        """The report for a person: the culprit first (:func:`npu_port.diff.text.report_text`)."""
+        from .text import report_text
+
+        return report_text(self, top)
+
     def as_dict(self) -> Dict[str, Any]:
         first = self.first_divergence
         return {
