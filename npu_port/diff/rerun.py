@@ -9,7 +9,8 @@ is the origin (``origin_by: "rerun"``); the same: the difference came from its i
 
 Only calls whose recorded inputs are the whole call can be re-run: positional tensors ``args[0..n-1]`` with no gap
 and keyword tensors ``kwargs.NAME``. A call with nested inputs (a tuple argument), or one the module refuses (it also
-took arguments that are not tensors, which a dump does not keep), keeps the heuristic's verdict.
+took arguments that are not tensors, which a dump does not keep), keeps the heuristic's verdict. The module is
+called once more: one with state of its own (a call counter, a cache) sees that call too.
 """
 
 from __future__ import annotations
