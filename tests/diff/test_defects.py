@@ -223,3 +223,35 @@ def test_sdpa_and_vanilla_attention_on_the_tiny_unet_pipeline_do_not_diverge(tmp
     assert report.as_dict()["first_divergence"] is None
     assert report.only_a == report.only_b == 0 and len(report.calls) > 100
     assert any(c.kind == "attention" for c in report.calls)
+
+
+@pytest.mark.slow
+def test_a_defect_from_the_second_denoiser_call_of_a_pipeline_is_reported_at_step_1(tmp_path):
+    """A LayerNorm whose epsilon goes wrong (1e-5 -> 0.1, an "epsilon ignored" port) from the second call of the
+    DiT transformer on: the diff names that norm, at step 1, and nothing at step 0."""
+    from npu_port.integrations.diffusers.tiny import run_tiny_pipeline, tiny_dit_pipeline
+
+    pipe = tiny_dit_pipeline()
+    path = "transformer_blocks.1.norm3"
+    norm = pipe.transformer.get_submodule(path)
+    eps = norm.eps
+    with capture(pipe, tmp_path / "a.d"):
+        run_tiny_pipeline(pipe, steps=3)
+    calls = []
+
+    def breaks_at_the_second_call(module, args):
+        calls.append(1)
+        norm.eps = 0.1 if len(calls) >= 2 else eps
+
+    hook = pipe.transformer.register_forward_pre_hook(breaks_at_the_second_call)
+    try:
+        with capture(pipe, tmp_path / "b.d"):
+            run_tiny_pipeline(pipe, steps=3)
+    finally:
+        hook.remove()
+        norm.eps = eps
+    report = compare_dumps(Dump(tmp_path / "a.d"), Dump(tmp_path / "b.d"))
+    first = report.as_dict()["first_divergence"]
+    assert _names(first) == (f"transformer.{path}", True, 1, 0) and first["class"] == "LayerNorm"
+    assert first["error"] > 100 * first["tolerance"] and first["input_error"] == 0.0
+    assert not [c for c in report.divergent if c.step < 1]
