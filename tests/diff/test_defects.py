@@ -255,3 +255,42 @@ def test_a_defect_from_the_second_denoiser_call_of_a_pipeline_is_reported_at_ste
     assert _names(first) == (f"transformer.{path}", True, 1, 0) and first["class"] == "LayerNorm"
     assert first["error"] > 100 * first["tolerance"] and first["input_error"] == 0.0
     assert not [c for c in report.divergent if c.step < 1]
+
+
+@pytest.mark.slow
+def test_a_fused_attention_op_with_a_changed_scale_in_one_module_is_named_first(tmp_path, monkeypatch):
+    """Strategy npu on the emulated torch_npu: npu_fusion_attention given 1.5x the scale in its second call (the
+    second transformer block's) — the routed attention call inside that block's attn1 is named first."""
+    import types
+
+    from npu_port.integrations.diffusers.tiny import run_tiny, tiny_dit
+    from npu_port.strategy.api import set_attention_strategy
+
+    from ..conftest import emulated_torch_npu
+
+    visible = types.SimpleNamespace(is_available=lambda: True, get_device_name=lambda index=0: "Ascend910B2")
+    monkeypatch.setattr(torch, "npu", visible, raising=False)  # the strategy's device check: an NPU is there
+    with emulated_torch_npu() as npu:
+        model = tiny_dit()
+        handle = set_attention_strategy("npu", target=model)
+        try:
+            with capture(model, tmp_path / "a.d"):
+                run_tiny(model)
+            exact, calls = npu.npu_fusion_attention, []
+
+            def scaled_once(*args, **kwargs):
+                calls.append(1)
+                if len(calls) == 2:
+                    kwargs["scale"] = kwargs["scale"] * 1.5
+                return exact(*args, **kwargs)
+
+            monkeypatch.setattr(npu, "npu_fusion_attention", scaled_once)
+            with capture(model, tmp_path / "b.d"):
+                run_tiny(model)
+        finally:
+            handle.restore()
+    assert len(calls) == 2  # one call per block: the float32 calls go to npu_fusion_attention
+    first = compare_dumps(Dump(tmp_path / "a.d"), Dump(tmp_path / "b.d")).as_dict()["first_divergence"]
+    assert (first["kind"], *_names(first)) == ("attention", "transformer_blocks.1.attn1", True, 0, 0)
+    assert first["class"] == "attention(is_causal=False, scale=0.25)" and first["input_error"] == 0.0
+    assert first["error"] > 100 * first["tolerance"]
