@@ -3,11 +3,26 @@
 - :func:`capture` (``capture.py``): hooks on every module and on npu-port's attention router, streamed to a dump;
 - :class:`Dump` (``dump.py``): the dump format (JSON index, JSON-lines records, safetensors for full tensors);
 - :func:`compare_dumps` (``compare.py``): per module and step, error against per-dtype tolerances, the first
-  divergence and whether it is the origin.
+  divergence and whether it is the origin;
+- :func:`bisect` (``bisect.py``): which setting parts two runs, and on which modules; :class:`PipelineRunner`
+  (``runner.py``) runs a loaded pipeline for it.
 """
 
+from .bisect import BisectResult, Scope, bisect
 from .capture import Capture, capture
 from .compare import DiffReport, compare_dumps
 from .dump import Dump, DumpError
+from .runner import PipelineRunner
 
-__all__ = ["Capture", "DiffReport", "Dump", "DumpError", "capture", "compare_dumps"]
+__all__ = [
+    "BisectResult",
+    "Capture",
+    "DiffReport",
+    "Dump",
+    "DumpError",
+    "PipelineRunner",
+    "Scope",
+    "bisect",
+    "capture",
+    "compare_dumps",
+]
