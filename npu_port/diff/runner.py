@@ -42,7 +42,9 @@ def check_settings(settings: Dict[str, Any]) -> None:
 class PipelineRunner:
     """``run(settings, scope) -> Dump`` for a loaded pipeline; see the module docstring.
 
-    ``request(pipe)`` runs the pipeline once (the same request every time: fixed seed). Dumps are written under
+    ``request(pipe)`` runs the pipeline once (the same request every time: fixed seed) and applies no strategy of
+    its own: ``infer.run.generate`` applies ``request.strategy`` on top of the runner's, so call the pipeline with
+    ``infer.run.call_arguments`` instead. Dumps are written under
     ``workdir`` as ``run-NNN.d``; ``full``, ``sample_size``: passed to ``capture``.
     """
 
