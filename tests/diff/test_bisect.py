@@ -23,7 +23,7 @@ def pipe(tmp_path_factory):
 
 
 def request(pipe):
-    run_tiny_pipeline(pipe, steps=2)
+    run_tiny_pipeline(pipe, steps=1)  # one step: the wrong module parts the runs in its first call
 
 
 @pytest.fixture
@@ -124,7 +124,8 @@ def test_nothing_diverges_in_one_run(pipe, tmp_path):
 
 
 def test_a_whole_model_setting_is_named_without_narrowing(pipe, tmp_path):
-    run = Counting(PipelineRunner(pipe, request, tmp_path))
+    # two steps: bfloat16's rounding passes its tolerance (5e-2) after one, not after two
+    run = Counting(PipelineRunner(pipe, lambda p: run_tiny_pipeline(p, steps=2), tmp_path))
     a, b = {"strategy": "vanilla", "dtype": "float32"}, {"strategy": "vanilla", "dtype": "bfloat16"}
     result = bisect(run, a, b)
     assert result.cause == ("dtype", "float32", "bfloat16") and result.modules == []
