@@ -239,16 +239,50 @@ class DiffReport:
         }
 
 
+class RecordMatcher:
+    """Side B's records, matched to side A's keys as A's records arrive, reading B only as far as it must.
+
+    Two runs of the same code write their records in the same order, so each of A's keys is B's next record and
+    nothing is held: memory stays that of one record per side, however long the runs. Records B has out of that
+    order wait in a dict until A asks for them (``held``; ``peak``: the most that waited at once); a key B lacks
+    reads the rest of B into it. Matches are the same as indexing all of B first, in any order.
+    """
+
+    def __init__(self, b_records: Iterable[Dict[str, Any]]) -> None:
+        self._rest = iter(b_records)
+        self.held: Dict[Key, Dict[str, Any]] = {}
+        self.peak = 0
+
+    def take(self, key: Key) -> Optional[Dict[str, Any]]:
+        """B's record with ``key``, or None when B has none."""
+        found = self.held.pop(key, None)
+        if found is not None:
+            return found
+        for record in self._rest:
+            other = record_key(record)
+            if other == key:
+                return record
+            self.held[other] = record
+            self.peak = max(self.peak, len(self.held))
+        return None
+
+    def unmatched(self) -> int:
+        """How many of B's records no key asked for (reads the rest of B)."""
+        for record in self._rest:
+            self.held[record_key(record)] = record
+        return len(self.held)
+
+
 def compare_records(a_records: Iterable[Dict[str, Any]], b_records: Iterable[Dict[str, Any]], *, a_dump=None,
                     b_dump=None, a_meta=None, b_meta=None) -> DiffReport:  # fmt: skip
     """Compare two record streams (side A's order is the execution order reported)."""
-    b_by_key: Dict[Key, Dict[str, Any]] = {record_key(r): r for r in b_records}
+    b_by_key = RecordMatcher(b_records)  # streams B alongside A when both come in the same order
     calls: Dict[Tuple[str, str, int, int], CallResult] = {}
     matched = 0
     only_a = 0
     for record in a_records:
         key = record_key(record)
-        other = b_by_key.pop(key, None)
+        other = b_by_key.take(key)
         if other is None:
             only_a += 1
             continue
@@ -268,7 +302,7 @@ def compare_records(a_records: Iterable[Dict[str, Any]], b_records: Iterable[Dic
                 entry.order = record["seq"]
             entry.outputs.append(result)
     ordered = sorted((c for c in calls.values() if c.order >= 0), key=lambda c: c.order)
-    return DiffReport(a_meta or {}, b_meta or {}, ordered, only_a, len(b_by_key), matched)
+    return DiffReport(a_meta or {}, b_meta or {}, ordered, only_a, b_by_key.unmatched(), matched)
 
 
 def compare_dumps(a: Dump, b: Dump, *, modules_b: Any = None) -> DiffReport:

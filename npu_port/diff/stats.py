@@ -113,7 +113,10 @@ def _host_bytes(tensor: torch.Tensor) -> bytes:
     host = tensor.contiguous().cpu()
     if host.is_complex():
         host = torch.view_as_real(host)
-    return host.reshape(-1).view(torch.uint8).numpy().tobytes() if host.numel() else b""
+    flat = host.reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:  # a one-element tensor expanded (stride 0) counts as contiguous
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
 
 
 def _hash_bytes(data: bytes) -> str:

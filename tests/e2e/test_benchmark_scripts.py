@@ -133,3 +133,23 @@ def test_dit_strategy_overhead_on_a_named_device_and_dtype(tmp_path):
     assert report["dtype"] == "bfloat16" and report["machine"]["device"].startswith("cpu: ")
     assert report["max_abs_image_diff"] == 0.0  # the same SDPA kernel on both sides
     assert set(report["median_seconds"]) == {"AttnProcessor2_0", "npu-port sdpa"}
+
+
+@pytest.mark.e2e
+def test_diff_capture_times_three_modes_and_sizes_both_dumps(tmp_path):
+    out = tmp_path / "diff_capture.json"
+    command = [sys.executable, str(BENCHMARKS / "diff_capture.py"), "--models", "tiny-dit", "--rounds", "1"]
+    command += ["--steps", "1", "--warmup", "0", "--threads", "1", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    row = report["models"]["tiny-dit"]
+    medians = row["median_seconds"]
+    assert set(medians) == {"plain", "stats", "full"} and all(s > 0 for s in medians.values())
+    assert row["ratio_stats"] == medians["stats"] / medians["plain"]
+    stats, full = row["dump"]["stats"], row["dump"]["full"]
+    assert stats["records"] == full["records"] > 0  # the same run, the same records
+    assert stats["tensors"] == 0 and full["tensors"] == full["records"] and full["shards"] >= 1
+    assert full["bytes"] > stats["bytes"] > 0
+    assert row["bytes_ratio_full_vs_stats"] == full["bytes"] / stats["bytes"]
+    assert report["machine"]["device_name"].startswith("cpu: ") and report["threads"] == 1
