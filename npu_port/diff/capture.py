@@ -126,6 +126,7 @@ class Capture:
         self.step = -1
         self._bar = None
         self._watcher = None
+        self.failure: Optional[str] = None
 
     # ---- naming ------------------------------------------------------------------------------------------------
 
@@ -184,19 +185,40 @@ class Capture:
 
     def _record(self, kind: str, path: str, cls: str, step: int, call: int, io: str, tensors) -> None:
         writer = self._writer
-        if writer is None:
+        if writer is None or self.failure is not None:
             return
         full = self._wants_full(path)
         for index, (name, tensor) in enumerate(tensors):
             record = {"kind": kind, "module": path, "class": cls, "step": step, "call": call, "io": io}
             record.update(index=index, name=name, device=str(tensor.device))
-            record.update(tensor_stats(tensor, self.sample_size))
-            writer.add(record, tensor if full else None)
+            try:
+                record.update(tensor_stats(tensor, self.sample_size))
+            except Exception as exc:  # a tensor with no data to read (meta, sparse, a fake): its shape is kept
+                record.update(shape=list(tensor.shape), dtype=str(tensor.dtype).replace("torch.", ""))
+                record["unreadable"] = f"{type(exc).__name__}: {exc}"[:200]
+                full_copy = None
+            else:
+                full_copy = tensor if full else None
+            try:
+                writer.add(record, full_copy)
+            except Exception as exc:  # the dump cannot be written (disk full, ...): the user's run goes on
+                self._stop_recording(f"{type(exc).__name__}: {exc}")
+                return
         self.records = writer.count
         if self._bar is not None:
             self._bar.n = writer.count
             self._bar.set_postfix_str(f"{writer.bytes_written / 2**20:.1f} MiB", refresh=False)
             self._bar.refresh() if writer.count % 200 < len(tensors) else None
+
+    def _stop_recording(self, reason: str) -> None:
+        """Recording failed: say so once, keep what was written (the dump is marked incomplete with the reason) and
+        let the user's run go on unrecorded — a recording must never be what breaks the run it watches."""
+        import warnings
+
+        self.failure = reason
+        message = f"npu-port diff: recording stopped ({reason}); the run goes on, the dump keeps what was written"
+        warnings.warn(message, stacklevel=2)
+        self._remove()
 
     def _pre(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         path = self._names.get(module)
@@ -297,8 +319,10 @@ class Capture:
         writer, self._writer = self._writer, None
         if writer is not None:
             self.records = writer.count
-            self.complete = exc_type is None
+            self.complete = exc_type is None and self.failure is None
             writer.meta["steps"] = self.step + 1
+            if self.failure is not None:
+                writer.meta["failure"] = self.failure
             self.path = writer.close(complete=self.complete)
         self._names = weakref.WeakKeyDictionary()
         self._stack.clear()

@@ -1,0 +1,63 @@
+"""A recording never breaks the run it watches: a tensor with no data keeps its shape, a dump that cannot be
+written stops the recording (once, with a warning) while the model runs on, and every hook is removed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from npu_port.diff import Dump, capture
+from npu_port.diff.dump import DumpWriter
+from npu_port.strategy import watch
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 4)
+
+    def forward(self, x, extra=None):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _hooks(model: torch.nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_a_meta_tensor_argument_keeps_its_shape_and_says_why_it_was_not_read(tmp_path):
+    model = Net()
+    with capture(model, tmp_path / "run.d") as c:
+        model(torch.randn(2, 4), extra=torch.empty(3, 5, device="meta"))
+    assert c.complete
+    records = list(Dump(tmp_path / "run.d").records())
+    meta = [r for r in records if r["name"] == "kwargs.extra"]
+    assert len(meta) == 1 and meta[0]["shape"] == [3, 5] and meta[0]["dtype"] == "float32"
+    assert meta[0]["unreadable"].startswith(("NotImplementedError", "RuntimeError"))
+    assert all("unreadable" not in r for r in records if r is not meta[0])
+
+
+def test_a_dump_that_cannot_be_written_stops_recording_not_the_run(tmp_path, monkeypatch):
+    model = Net()
+    expected = model(torch.ones(2, 4))
+    written = []
+    original = DumpWriter.add
+
+    def add(self, record, full=None):
+        if len(written) == 3:
+            raise OSError(28, "No space left on device")
+        written.append(record["seq"] if "seq" in record else None)
+        return original(self, record, full)
+
+    monkeypatch.setattr(DumpWriter, "add", add)
+    with pytest.warns(UserWarning, match=r"^npu-port diff: recording stopped \(OSError: \[Errno 28\] No space left"):
+        with capture(model, tmp_path / "run.d") as c:
+            out = model(torch.ones(2, 4))
+            again = model(torch.ones(2, 4))
+    assert torch.equal(out, expected) and torch.equal(again, expected)
+    assert not c.complete and c.failure.startswith("OSError")
+    index = json.loads((tmp_path / "run.d" / "index.json").read_text())
+    assert index["complete"] is False and index["records"] == 3 and index["meta"]["failure"] == c.failure
+    assert _hooks(model) == 0 and watch.WATCHERS == []
