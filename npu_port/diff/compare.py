@@ -80,9 +80,13 @@ class PairResult:
         }
 
 
-def compare_pair(a: Dict[str, Any], b: Dict[str, Any], full: Optional[Tuple[Any, Any]] = None) -> PairResult:
-    """Compare two records of the same tensor; ``full``: both whole tensors, when both sides kept them."""
-    tolerance = tolerance_for(str(a.get("dtype")), str(b.get("dtype")))
+def compare_pair(
+    a: Dict[str, Any], b: Dict[str, Any], full: Optional[Tuple[Any, Any]] = None, tolerance: Optional[float] = None
+) -> PairResult:
+    """Compare two records of the same tensor; ``full``: both whole tensors, when both sides kept them;
+    ``tolerance``: instead of the dtypes' (:func:`tolerance_for`)."""
+    if tolerance is None:
+        tolerance = tolerance_for(str(a.get("dtype")), str(b.get("dtype")))
     if a.get("shape") != b.get("shape"):
         return PairResult(a, b, math.inf, math.nan, tolerance, "shape", True)
     for what in ("nan", "inf"):
@@ -219,8 +223,9 @@ class DiffReport:
 
 
 def compare_records(a_records: Iterable[Dict[str, Any]], b_records: Iterable[Dict[str, Any]], *, a_dump=None,
-                    b_dump=None, a_meta=None, b_meta=None) -> DiffReport:  # fmt: skip
-    """Compare two record streams (side A's order is the execution order reported)."""
+                    b_dump=None, a_meta=None, b_meta=None, tolerance=None) -> DiffReport:  # fmt: skip
+    """Compare two record streams (side A's order is the execution order reported); ``tolerance``: one tolerance
+    for every tensor instead of the per-dtype ones."""
     b_by_key: Dict[Key, Dict[str, Any]] = {record_key(r): r for r in b_records}
     calls: Dict[Tuple[str, str, int, int], CallResult] = {}
     matched = 0
@@ -235,7 +240,7 @@ def compare_records(a_records: Iterable[Dict[str, Any]], b_records: Iterable[Dic
         full = None
         if a_dump is not None and b_dump is not None and record.get("tensor") and other.get("tensor"):
             full = (a_dump.tensor(record["tensor"]), b_dump.tensor(other["tensor"]))
-        result = compare_pair(record, other, full)
+        result = compare_pair(record, other, full, tolerance)
         call_key = key[:4]
         entry = calls.get(call_key)
         if entry is None:
@@ -250,6 +255,9 @@ def compare_records(a_records: Iterable[Dict[str, Any]], b_records: Iterable[Dic
     return DiffReport(a_meta or {}, b_meta or {}, ordered, only_a, len(b_by_key), matched)
 
 
-def compare_dumps(a: Dump, b: Dump) -> DiffReport:
-    """Compare dump ``a`` (the reference) with dump ``b``."""
-    return compare_records(a.records(), b.records(), a_dump=a, b_dump=b, a_meta=a.meta, b_meta=b.meta)
+def compare_dumps(a: Dump, b: Dump, *, tolerance: Optional[float] = None) -> DiffReport:
+    """Compare dump ``a`` (the reference) with dump ``b``; ``tolerance``: one for every tensor (relative to its
+    scale) instead of :data:`TOLERANCE`'s per dtype."""
+    return compare_records(
+        a.records(), b.records(), a_dump=a, b_dump=b, a_meta=a.meta, b_meta=b.meta, tolerance=tolerance
+    )
