@@ -51,7 +51,7 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
     record = parser.add_argument_group("recording")
     record.add_argument("-o", "--output", default=None, metavar="DIR", help="diff dump: the dump folder to write")
     record.add_argument("--full", default=None, metavar="PATTERNS",
-                        help="module paths (shell patterns, comma-separated; 'all') whose tensors are kept whole")  # fmt: skip
+                        help="module paths (shell patterns, comma-separated; 'all') kept whole")  # fmt: skip
     record.add_argument("--sample", type=int, default=None, metavar="N",
                         help="elements sampled per tensor (default 256)")  # fmt: skip
     record.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -197,7 +197,7 @@ def _open(path: str):
         if ranks:
             found = {}
             for rank in ranks:
-                number = rank.name[len(RANK_PREFIX):]
+                number = rank.name[len(RANK_PREFIX) :]
                 if not number.isdigit():
                     raise DiffError(f"{rank} is not a rank dump (rank-N, N a number)")
                 found[int(number)] = Dump(rank)
