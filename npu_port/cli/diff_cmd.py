@@ -252,8 +252,10 @@ def _compare(args: argparse.Namespace) -> int:
         from ..atomic import link_problem
 
         problem = link_problem(args.plot)
-        if problem or os.path.isdir(args.plot):
-            raise DiffError(f"--plot {args.plot!r} {problem or 'is a folder'}; give a new .png or .html path")
+        if not problem and os.path.exists(args.plot) and not os.path.isfile(args.plot):
+            problem = "is a folder" if os.path.isdir(args.plot) else "is not a regular file"
+        if problem:
+            raise DiffError(f"--plot {args.plot!r} {problem}; give a new .png or .html path")
         try:
             require_matplotlib()
         except ImportError as exc:
@@ -275,6 +277,8 @@ def _compare(args: argparse.Namespace) -> int:
                for label, (kind, value) in zip("AB", sides)]  # fmt: skip
     keep = Path(args.keep) if args.keep else None
     if keep is not None:
+        if (keep / "index.json").exists():
+            raise DiffError(f"--keep {str(keep)!r} is a dump; give a folder for the dumps of the sides run now")
         for label, (kind, _) in zip("ab", planned):
             if kind == "spec":
                 check_destination(keep / f"{label}.d")
