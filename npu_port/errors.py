@@ -171,3 +171,9 @@ class FuseError(NpuPortError, ValueError):
 class FuseCheckError(NpuPortError, RuntimeError):
     """With ``strict=True``, a fused op did not match the module or function it replaces on its first call (or
     raised); the original is back in place before this is raised, and the message gives the error and the tolerance."""
+
+
+class DiffError(NpuPortError, ValueError):
+    """``npu-port diff`` was given something it cannot record or compare: a dump folder that is not one (or that
+    exists already, as a destination), a side spec with an unknown key or value, two dumps that cannot be paired;
+    the message names the problem and the valid choices."""

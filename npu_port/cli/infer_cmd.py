@@ -26,7 +26,9 @@ from ..errors import EXIT_ON_CTRL_C as EXIT_INTERRUPTED  # 128 + SIGINT, as a sh
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser, steps: int = 10) -> Tuple[Any, Any, Any]:
+    """The model, attention and image options (what runs and what it makes), shared with ``npu-port diff``; returns
+    the three argument groups so that a command can add its own options to them."""
     model = parser.add_argument_group("model")
     model.add_argument("--model", default="tiny",
                        help="'tiny' (default), 'tiny-dit', 'tiny-flux', 'tiny-wan' (video), a pipeline directory or a "
@@ -38,16 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     attention = parser.add_argument_group("attention")
     attention.add_argument("--strategy", default=None, help="attention strategy (default auto; npu-port strategies)")
     attention.add_argument("--profile", default=None, help="a profile (name or YAML): its strategy and NPU options")
-    attention.add_argument("--compare", default=None, metavar="S1,S2,...",
-                           help="run the same seed under each strategy; compare the images with the first")  # fmt: skip
-    attention.add_argument("--tolerance", type=float, default=None,
-                           help="largest pixel difference (0..1) --compare accepts (default by dtype)")  # fmt: skip
     image = parser.add_argument_group("image")
     image.add_argument("--prompt", default="a lighthouse at dusk, oil painting")
     image.add_argument("--negative-prompt", default=None)
     image.add_argument("--class", dest="class_label", type=int, default=None,
                        help="class id of a class-conditional model such as tiny-dit (default 1)")  # fmt: skip
-    image.add_argument("--steps", type=int, default=10)
+    image.add_argument("--steps", type=int, default=steps)
     image.add_argument("--seed", type=int, default=0)
     image.add_argument("--height", type=int, default=None)
     image.add_argument("--width", type=int, default=None)
@@ -56,6 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     image.add_argument("--vae-tiling", action="store_true", help="decode in tiles (large images in less memory)")
     image.add_argument("--frames", type=int, default=None,
                        help="frames of a video model (4k+1 for Wan; default: the model's)")  # fmt: skip
+    return model, attention, image
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _, attention, _ = add_model_arguments(parser)
+    attention.add_argument("--compare", default=None, metavar="S1,S2,...",
+                           help="run the same seed under each strategy; compare the images with the first")  # fmt: skip
+    attention.add_argument("--tolerance", type=float, default=None,
+                           help="largest pixel difference (0..1) --compare accepts (default by dtype)")  # fmt: skip
     parallel = parser.add_argument_group("several devices (torch.distributed; README_NPU.md)")
     parallel.add_argument("--nproc", type=int, default=1,
                           help="processes, one device each (started through torchrun's launcher)")  # fmt: skip
@@ -129,7 +136,6 @@ def _preflight(args: argparse.Namespace) -> _Plan:
     """Every argument, path and strategy name checked, cheapest first; the first problem is one line (exit 2)."""
     from ..device import get_device
     from ..errors import InferenceError
-    from ..infer import GenerationRequest
     from ..infer.limits import TEXT_TO_VIDEO, UNKNOWN_MODEL, check_tolerance
     from ..infer.models import describe_model, resolve_dtype
     from ..infer.paths import cache_location, plan_outputs
@@ -140,20 +146,7 @@ def _preflight(args: argparse.Namespace) -> _Plan:
         if not args.compare:
             raise InferenceError("--tolerance applies to --compare only")
         check_tolerance(args.tolerance, "--tolerance")
-    request = GenerationRequest(
-        prompt=args.prompt,
-        negative_prompt=args.negative_prompt,
-        class_label=GenerationRequest.class_label if args.class_label is None else args.class_label,
-        steps=args.steps,
-        seed=args.seed,
-        height=args.height,
-        width=args.width,
-        guidance_scale=args.guidance_scale,
-        strategy=strategy,
-        vae_slicing=args.vae_slicing,
-        vae_tiling=args.vae_tiling,
-        frames=args.frames,
-    )
+    request = build_request(args, strategy)
     model = describe_model(args.model)
     check_class_option(args, model.kind)
     (model.limits or UNKNOWN_MODEL).check(request)  # a hub id's own limits are checked again once it is loaded
@@ -176,6 +169,26 @@ def _preflight(args: argparse.Namespace) -> _Plan:
     if warning:
         print(f"npu-port: {warning}", file=sys.stderr)
     return _Plan(strategy, compare, device, dtype, encoder_device, request, outputs, cache, layout)
+
+
+def build_request(args: argparse.Namespace, strategy: str) -> Any:
+    """The :class:`~npu_port.infer.GenerationRequest` the image options (:func:`add_model_arguments`) ask for."""
+    from ..infer import GenerationRequest
+
+    return GenerationRequest(
+        prompt=args.prompt,
+        negative_prompt=args.negative_prompt,
+        class_label=GenerationRequest.class_label if args.class_label is None else args.class_label,
+        steps=args.steps,
+        seed=args.seed,
+        height=args.height,
+        width=args.width,
+        guidance_scale=args.guidance_scale,
+        strategy=strategy,
+        vae_slicing=args.vae_slicing,
+        vae_tiling=args.vae_tiling,
+        frames=args.frames,
+    )
 
 
 def check_class_option(args: argparse.Namespace, kind: Optional[str]) -> None:

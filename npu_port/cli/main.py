@@ -36,6 +36,7 @@ COMMANDS = {
     "infer": "infer_cmd",
     "run": "run_cmd",
     "plan": "plan_cmd",
+    "diff": "diff_cmd",
     "scan": "scan_cmd",
     "fix": "fix_cmd",
 }

@@ -42,6 +42,13 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
         "rank (without it each rank's file gets a .rankN suffix)",
     )
     parser.add_argument(
+        "--dump",
+        default=None,
+        metavar="DIR",
+        help="record every module the script calls into the dump folder DIR (npu-port diff compares two); under "
+        "torchrun each rank writes DIR/rank-N",
+    )
+    parser.add_argument(
         "--force-dropins",
         action="store_true",
         help="use npu-port's flash_attn / xformers even if the real packages are installed",
@@ -103,6 +110,26 @@ def rank_report_path(path: str, environ: Mapping[str, str]) -> str:
         stem, extension = os.path.splitext(path)
         return f"{stem}.rank{rank}{extension}"
     return path
+
+
+def rank_dump_path(path: str, environ: Mapping[str, str]) -> str:
+    """``--dump``'s folder for this process: ``DIR/rank-N`` under several ranks (``npu-port diff`` pairs them rank by
+    rank), else ``DIR``."""
+    world = environ.get("WORLD_SIZE")
+    if world is not None and world.isdigit() and int(world) > 1:
+        return os.path.join(path, f"rank-{environ.get('RANK', '0')}")
+    return path
+
+
+def _dumping(path: Optional[str], args: argparse.Namespace, entry: Any) -> Any:
+    """The capture of the whole process (``capture(None, ...)``) for ``--dump``, or a block that does nothing."""
+    if path is None:
+        return contextlib.nullcontext()
+    from ..diff.capture import capture
+
+    meta = {"script": entry.path or entry.name, "arguments": list(args.arguments), "device": args.device,
+            "strategy": args.strategy, "profile": args.profile}  # fmt: skip
+    return capture(None, path, meta=meta)
 
 
 def _check_report_path(path: str) -> None:
@@ -186,6 +213,7 @@ def _check_plan_flags(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> int:
     from ..device.redirect.install import UNAVAILABLE
+    from ..errors import RunError
     from ..runtime import activate
     from ..runtime.launch import cuda_refusal_hint, run_entry
     from ..runtime.locate import resolve_entry, watch_roots
@@ -195,8 +223,15 @@ def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -
     report = rank_report_path(args.report, environ) if args.report else None
     if report:
         _check_report_path(report)
+    dump = rank_dump_path(args.dump, environ) if args.dump else None
     with _refusals_reported(report, args, environ):
         _check_plan_flags(args)
+        if dump is not None:
+            from ..diff.dump import check_destination
+
+            if args.plan:
+                raise RunError("--dump records the run on the device; leave out --plan (it runs on the cpu)")
+            check_destination(dump)
         planning = _planning(args) if args.plan else None
         entry = resolve_entry(args.target, args.as_module)
         roots = watch_roots(entry, args.watch, environ=environ)
@@ -226,7 +261,8 @@ def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -
             recording = _record(run_script, planning, quiet_stdout=args.json)
             outcome = recording.result
         else:
-            outcome = run_script()
+            with _dumping(dump, args, entry) as recorder:
+                outcome = run_script()
     finally:
         summary = activation.summary()
         text = activation.format_summary()
@@ -242,6 +278,8 @@ def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -
         hint=hint,
         rank=environ.get("RANK"),
     )
+    if dump is not None:
+        summary["dump"] = {"path": str(recorder.path), "records": recorder.records, "complete": recorder.complete}
     prefix = f"[rank {environ['RANK']}] " if "RANK" in environ and report is None else ""
     stop = _format_stop(summary)
     if report:
@@ -252,6 +290,8 @@ def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -
         print(prefix + _with_auto_line(text, auto) + (f"\n{stop}" if stop else ""), file=sys.stderr)
     if details is not None:
         print(details, file=sys.stderr)
+    if dump is not None:
+        print(f"npu-port run: dump {recorder.path} ({recorder.records} records)", file=sys.stderr)
     if planning:
         return _show_plan(recording, planning, args, entry.path, outcome.exit_code)
     return outcome.exit_code

@@ -89,9 +89,13 @@ class PairResult:
         }
 
 
-def compare_pair(a: Dict[str, Any], b: Dict[str, Any], full: Optional[Tuple[Any, Any]] = None) -> PairResult:
-    """Compare two records of the same tensor; ``full``: both whole tensors, when both sides kept them."""
-    tolerance = tolerance_for(str(a.get("dtype")), str(b.get("dtype")))
+def compare_pair(
+    a: Dict[str, Any], b: Dict[str, Any], full: Optional[Tuple[Any, Any]] = None, tolerance: Optional[float] = None
+) -> PairResult:
+    """Compare two records of the same tensor; ``full``: both whole tensors, when both sides kept them;
+    ``tolerance``: instead of the dtypes' (:func:`tolerance_for`)."""
+    if tolerance is None:
+        tolerance = tolerance_for(str(a.get("dtype")), str(b.get("dtype")))
     if a.get("shape") != b.get("shape"):
         return PairResult(a, b, math.inf, math.nan, tolerance, "shape", True)
     for what in ("nan", "inf"):
@@ -274,8 +278,9 @@ class RecordMatcher:
 
 
 def compare_records(a_records: Iterable[Dict[str, Any]], b_records: Iterable[Dict[str, Any]], *, a_dump=None,
-                    b_dump=None, a_meta=None, b_meta=None) -> DiffReport:  # fmt: skip
-    """Compare two record streams (side A's order is the execution order reported)."""
+                    b_dump=None, a_meta=None, b_meta=None, tolerance=None) -> DiffReport:  # fmt: skip
+    """Compare two record streams (side A's order is the execution order reported); ``tolerance``: one tolerance
+    for every tensor instead of the per-dtype ones."""
     b_by_key = RecordMatcher(b_records)  # streams B alongside A when both come in the same order
     calls: Dict[Tuple[str, str, int, int], CallResult] = {}
     matched = 0
@@ -290,7 +295,7 @@ def compare_records(a_records: Iterable[Dict[str, Any]], b_records: Iterable[Dic
         full = None
         if a_dump is not None and b_dump is not None and record.get("tensor") and other.get("tensor"):
             full = (a_dump.tensor(record["tensor"]), b_dump.tensor(other["tensor"]))
-        result = compare_pair(record, other, full)
+        result = compare_pair(record, other, full, tolerance)
         call_key = key[:4]
         entry = calls.get(call_key)
         if entry is None:
@@ -305,19 +310,22 @@ def compare_records(a_records: Iterable[Dict[str, Any]], b_records: Iterable[Dic
     return DiffReport(a_meta or {}, b_meta or {}, ordered, only_a, b_by_key.unmatched(), matched)
 
 
-def compare_dumps(a: Dump, b: Dump, *, modules_b: Any = None) -> DiffReport:
+def compare_dumps(a: Dump, b: Dump, *, modules_b: Any = None, tolerance: Optional[float] = None) -> DiffReport:
     """Compare dump ``a`` (the reference) with dump ``b``.
 
     ``modules_b``: side B's live modules: its model or pipeline, or a mapping or a callable from module path (as in
     the dump) to ``torch.nn.Module`` (or None); each divergent module call whose inputs and outputs side A kept whole
-    is then re-run on A's inputs to decide whether it is the origin (:func:`.rerun.rerun_calls`)."""
+    is then re-run on A's inputs to decide whether it is the origin (:func:`.rerun.rerun_calls`). ``tolerance``: one
+    for every tensor (relative to its scale) instead of :data:`TOLERANCE`'s per dtype."""
     if modules_b is not None:
         from .rerun import check_modules
 
         check_modules(modules_b)
-    report = compare_records(a.records(), b.records(), a_dump=a, b_dump=b, a_meta=a.meta, b_meta=b.meta)
+    report = compare_records(
+        a.records(), b.records(), a_dump=a, b_dump=b, a_meta=a.meta, b_meta=b.meta, tolerance=tolerance
+    )
     if modules_b is not None:
         from .rerun import rerun_calls
 
-        rerun_calls(report, a, modules_b)
+        rerun_calls(report, a, modules_b, tolerance=tolerance)
     return report

@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import torch
 
 from ..atomic import write_json
+from ..errors import DiffError
 
 FORMAT = "npu-port-dump"
 VERSION = 1
@@ -39,8 +40,9 @@ INDEX = "index.json"
 RECORDS = "records.jsonl"
 
 
-class DumpError(ValueError):
-    """A dump that cannot be written or read: the message says which and why."""
+class DumpError(DiffError):
+    """A dump that cannot be written or read: the message says which and why (a ``ValueError``, and an
+    :class:`~npu_port.errors.NpuPortError` so that the CLI prints it as one line)."""
 
 
 def check_destination(path: os.PathLike) -> Path:

@@ -101,8 +101,11 @@ def call_inputs(call: CallResult, a: Dump, device: torch.device) -> Optional[Tup
     return [positional[i] for i in range(len(positional))], keywords
 
 
-def rerun_call(call: CallResult, a: Dump, module: torch.nn.Module) -> Optional[Tuple[bool, float]]:
-    """``(still_divergent, error)`` of ``module`` re-run on side A's inputs, or None when it cannot be re-run."""
+def rerun_call(
+    call: CallResult, a: Dump, module: torch.nn.Module, tolerance: Optional[float] = None
+) -> Optional[Tuple[bool, float]]:
+    """``(still_divergent, error)`` of ``module`` re-run on side A's inputs, or None when it cannot be re-run;
+    ``tolerance`` as :func:`~npu_port.diff.compare.compare_pair` takes it."""
     if call.kind != "module" or not call.outputs or not all(p.a.get("tensor") for p in call.outputs):
         return None
     rebuilt = call_inputs(call, a, _placement(module))
@@ -121,13 +124,13 @@ def rerun_call(call: CallResult, a: Dump, module: torch.nn.Module) -> Optional[T
         if tensor is None:
             return None
         record = dict(pair.a, **tensor_stats(tensor, int(a.meta.get("sample_size") or SAMPLE)))
-        result = compare_pair(pair.a, record, (a.tensor(pair.a["tensor"]), tensor.detach().cpu()))
+        result = compare_pair(pair.a, record, (a.tensor(pair.a["tensor"]), tensor.detach().cpu()), tolerance)
         divergent = divergent or result.divergent
         worst = max(worst, result.error)
     return divergent, worst
 
 
-def rerun_calls(report: DiffReport, a: Dump, modules_b: Modules) -> int:
+def rerun_calls(report: DiffReport, a: Dump, modules_b: Modules, tolerance: Optional[float] = None) -> int:
     """Decide the origin of each divergent module call of ``report`` by re-running it where possible; returns how
     many calls were re-run."""
     done = 0
@@ -135,7 +138,7 @@ def rerun_calls(report: DiffReport, a: Dump, modules_b: Modules) -> int:
         module = lookup(modules_b, call.module)
         if module is None:
             continue
-        verdict = rerun_call(call, a, module)
+        verdict = rerun_call(call, a, module, tolerance)
         if verdict is None:
             continue
         call.rerun, call.rerun_error = verdict

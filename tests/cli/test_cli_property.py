@@ -123,6 +123,7 @@ def _tripwires() -> Iterator[None]:
         "npu_port.plan.models.record_model",
         "npu_port.scan.engine.scan_file",
         "npu_port.scan.engine._scan_many",
+        "npu_port.diff.sides.run_side",
     ]
     with contextlib.ExitStack() as stack:
         for target in targets:
@@ -293,6 +294,55 @@ def bad_arguments(command: str, p: Dict[str, str]):
         return ["fix"], st.one_of(
             _path(p, "missing").map(lambda path: [path]),
             UNICODE.map(lambda text: [os.path.join(p["missing"], text)]),
+            _unknown_option(),
+        )
+    if command == "diff":
+        spec = st.sampled_from(["foo=1", "strategy", "dtype=float8", "fuse_ops=nope", "strategy=", ",", "=sdpa",
+                                "strategy=sdpa,strategy=sdpa", "strategy=sdpa,profile=ascend-910b"])  # fmt: skip
+        exists = ("folder", "a-file", "notes.txt", "link-to-folder.png", "loop.png", "under_a_file", "unwritable")
+
+        def sides(bad):  # otherwise valid: two sides run now (the tripwire stops them if reached)
+            return st.tuples(bad, st.sampled_from(["strategy=vanilla", "device=cpu,dtype=float32"])).map(
+                lambda drawn: [*drawn[0], "--b" if drawn[0][0] == "--a" else "--a", drawn[1]]
+            )
+
+        return ["diff", "--no-progress"], st.one_of(
+            sides(_option("--a", spec)),
+            sides(_option("--b", spec)),
+            sides(_option("--b", bad_strategy.map(lambda name: f"strategy={name}"))),
+            sides(_option("--steps", _integer_outside(1, 50))),
+            sides(_option("--seed", _integer_outside(0, 2**63 - 1))),
+            sides(_option("--sample", _integer_outside(1))),
+            sides(_option("--top", st.one_of(st.integers(max_value=-1).map(str), st.sampled_from(NOT_INTEGERS)))),
+            sides(_option("--tolerance", st.sampled_from(["nan", "inf", "-1", "0", "x", "-inf"]))),
+            sides(_option("--device", _unknown(("cpu", "auto")))),
+            sides(_option("--dtype", _unknown(("auto", "float32", "float16", "bfloat16")))),
+            sides(_option("--model", _path(p, "missing", "folder", "a-file", "fifo", "devnull"))),
+            sides(_option("--full", st.sampled_from([",", "a,,b", " ", "x, ,y"]))),
+            sides(_option("--fuse-ops", _unknown(("rms_norm", "rope", "geglu_exact", "geglu_tanh", "adaln")))),
+            sides(
+                _option(
+                    "--plot",
+                    _path(
+                        p,
+                        "folder",
+                        "notes.txt",
+                        "link-to-notes.png",
+                        "link-to-folder.png",
+                        "loop.png",
+                        "fifo",
+                        "devnull",
+                        "dangling.txt.png",
+                    ),
+                )
+            ),  # fmt: skip
+            sides(_option("--keep", _path(p, "a-file", "under_a_file", "unwritable"))),
+            sides(_option("-o", _path(p, "missing"))),  # -o is for diff dump
+            _path(p, "missing", "folder", "a-file", "fifo", "devnull").map(lambda path: [path, path]),
+            _path(p, "missing", "folder", "a-file", "fifo").map(lambda path: [path, "--b", "strategy=sdpa"]),
+            _path(p, *exists).map(lambda path: ["dump", "-o", path]),
+            _option("--full", st.sampled_from([",", "a,,b"])).map(lambda bad: ["dump", *bad, "-o", p["missing"]]),
+            st.just(["dump", "-o", p["missing"], "--a", "strategy=sdpa"]),
             _unknown_option(),
         )
     raise AssertionError(f"no bad input drawn for {command!r}: add it here")
