@@ -32,7 +32,7 @@ REQUEST_DEFAULTS = {"model": "tiny", "steps": 2, "seed": 0, "prompt": "a lightho
                     "width": None, "frames": None}  # fmt: skip
 #: Options of the comparison only (flag, dest).
 COMPARE_ONLY = (("--a", "a"), ("--b", "b"), ("--keep", "keep"), ("--json", "json"), ("--plot", "plot"),
-                ("--tolerance", "tolerance"))  # fmt: skip
+                ("--tolerance", "tolerance"), ("--bisect", "bisect"))  # fmt: skip
 RANK_PREFIX = "rank-"
 
 
@@ -64,6 +64,9 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
     compare.add_argument("--top", type=int, default=10, help="divergent calls listed after the first (default 10)")
     compare.add_argument("--json", action="store_true", help="the comparison as JSON on stdout")
     compare.add_argument("--plot", default=None, metavar="PATH", help="error per module call as .png or .html")
+    compare.add_argument("--bisect", action="store_true",
+                         help="with --a / --b run now: name the setting (strategy, dtype, fuse_ops) and the modules "
+                              "that make B part from A")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -275,6 +278,8 @@ def _compare(args: argparse.Namespace) -> int:
             dump_meta = value[None].meta
     planned = [(kind, _side(label, value, args, dump_meta) if kind == "spec" else value[None])
                for label, (kind, value) in zip("AB", sides)]  # fmt: skip
+    if args.bisect:
+        return _bisect(planned, args, full)
     keep = Path(args.keep) if args.keep else None
     if keep is not None:
         if (keep / "index.json").exists():
@@ -295,6 +300,69 @@ def _compare(args: argparse.Namespace) -> int:
                   f"{str(value.dtype).replace('torch.', '')}, strategy {value.strategy}", file=sys.stderr)  # fmt: skip
             dumps.append(Dump(_run(value, folder / f"{label}.d", args, full)))
         return _report({None: tuple(dumps)}, args)
+
+
+def _bisect_sides(planned) -> Tuple[Any, Any]:
+    """Both sides of ``--bisect``, checked: run now, one model on one device, differing only in what bisect can
+    change (strategy, dtype, fuse_ops) — they share one loaded pipeline."""
+    from ..errors import DiffError
+
+    if any(kind != "spec" for kind, _ in planned):
+        raise DiffError("--bisect runs both sides now: give --a and --b specs, not dump folders (a dump cannot be "
+                        "run again with other settings)")  # fmt: skip
+    a, b = (side for _, side in planned)
+    for what in ("model", "device", "text_encoder_device"):
+        if getattr(a, what) != getattr(b, what):
+            raise DiffError(f"--bisect: the sides differ in {what} ({getattr(a, what)} and {getattr(b, what)}); it "
+                            "changes strategy, dtype and fuse_ops on one loaded model: compare the two devices "
+                            "without --bisect, then bisect on one")  # fmt: skip
+    if a.profile or b.profile:
+        raise DiffError("--bisect takes strategies, not profiles (a profile also sets process options): give "
+                        "strategy=NAME on both sides")  # fmt: skip
+    return a, b
+
+
+def _bisect(planned, args: argparse.Namespace, full: Any) -> int:
+    """``--bisect``: load the model once and let :func:`npu_port.diff.bisect` run it with A's and B's settings."""
+    from dataclasses import replace
+
+    import torch
+
+    from ..diff.bisect import bisect
+    from ..diff.compare import compare_dumps
+    from ..diff.runner import PipelineRunner
+    from ..diff.sides import transformers_folder
+    from ..errors import DiffError
+    from ..infer import load_pipeline
+    from ..infer.paths import cache_location
+    from ..infer.run import call_arguments
+
+    a, b = _bisect_sides(planned)
+    if transformers_folder(a.model):
+        raise DiffError("--bisect runs diffusers pipelines; for a transformers model compare the sides without it")
+    cache, _ = cache_location()
+    loaded = load_pipeline(a.model, a.device, torch.float32, text_encoder_device=a.text_encoder_device,
+                           progress_bar=False, cache=cache)  # fmt: skip
+    request = a.request
+
+    def run_request(pipe: Any) -> Any:
+        generator = torch.Generator("cpu").manual_seed(request.seed)
+        with torch.no_grad():
+            return pipe(**call_arguments(replace(loaded, pipe=pipe), request, generator))
+
+    def settings(side: Any) -> Dict[str, Any]:
+        return {"strategy": side.strategy, "dtype": str(side.dtype).replace("torch.", ""),
+                "fuse_ops": list(side.fuse_ops)}  # fmt: skip
+
+    with tempfile.TemporaryDirectory(prefix="npu-port-bisect-") as scratch:
+        runner = PipelineRunner(loaded.pipe, run_request, args.keep or scratch, full=full, sample_size=args.sample)
+        result = bisect(runner, settings(a), settings(b),
+                        compare=lambda x, y: compare_dumps(x, y, tolerance=args.tolerance))  # fmt: skip
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2, allow_nan=True, default=str))
+    else:
+        print(result.text())
+    return 1 if result.diverged else 0
 
 
 def _report(pairs: Dict[Optional[int], Tuple[Any, Any]], args: argparse.Namespace) -> int:

@@ -123,3 +123,26 @@ def test_run_dump_refuses_an_existing_folder_and_plan(dump, tmp_path, capsys):
         "npu-port: --dump records the run on the device; leave out --plan (it runs on the cpu)\n"
     )
     assert not (tmp_path / "new.d").exists()
+
+
+def test_bisect_needs_both_sides_run_now(dump, capsys):
+    assert _refused(["diff", dump, "--b", "strategy=sdpa", "--bisect"], capsys) == (
+        "npu-port: --bisect runs both sides now: give --a and --b specs, not dump folders (a dump cannot be run "
+        "again with other settings)\n"
+    )
+
+
+def test_bisect_takes_strategies_not_profiles(capsys):
+    argv = ["diff", "--model", "tiny-dit", "--device", "cpu", "--a", "strategy=vanilla", "--b", "profile=cpu-fallback",
+            "--bisect"]  # fmt: skip
+    assert _refused(argv, capsys) == (
+        "npu-port: --bisect takes strategies, not profiles (a profile also sets process options): give strategy=NAME "
+        "on both sides\n"
+    )
+
+
+def test_bisect_is_for_comparing_not_for_dump(tmp_path, capsys):
+    argv = ["diff", "dump", "-o", str(tmp_path / "x.d"), "--bisect"]
+    assert _refused(argv, capsys) == (
+        "npu-port: --bisect is for comparing; npu-port diff dump records one run into -o DIR\n"
+    )

@@ -141,3 +141,24 @@ def test_two_dumps_in_a_bfloat16_run_diverge_at_float32_tolerance(vanilla_dump, 
     code, report = _json(["diff", str(vanilla_dump), str(out), "--json", "--tolerance", "1e-6"], capsys)
     assert code == 1 and report["first_divergence"]["module"].startswith("transformer.")
     assert report["b"]["dtype"] == "bfloat16"
+
+
+def test_bisect_names_the_strategy_and_a_module_over_an_irrelevant_dtype_difference(dit_dir, tmp_path, capsys):
+    """--bisect: B differs from A in strategy (a processor that doubles the scale) and in dtype (bfloat16, within its
+    tolerance here): the strategy is named, narrowed to one attention module, in no more runs than the bound."""
+    doubled = _strategy_file(tmp_path, DoubledScaleProcessor)
+    argv = ["diff", "--model", dit_dir, "--device", "cpu", "--steps", "1", "--a", "strategy=vanilla",
+            "--b", f"strategy={doubled},dtype=bfloat16", "--bisect", "--json", "--no-progress"]  # fmt: skip
+    assert main(argv) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["diverged"] is True
+    assert result["cause"] == {"setting": "strategy", "a": "vanilla", "b": str(doubled)}
+    assert result["modules"] == [FIRST_ATTENTION]
+    assert result["runs"] <= result["max_runs"]
+
+
+def test_bisect_with_equivalent_sides_finds_nothing(dit_dir, capsys):
+    argv = ["diff", "--model", dit_dir, "--device", "cpu", "--steps", "1", "--a", "strategy=vanilla",
+            "--b", "strategy=sdpa", "--bisect", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("no divergence: B matches A (")
