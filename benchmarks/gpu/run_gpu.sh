@@ -56,6 +56,14 @@ step infer_hopper_safe 90 $cli infer --model tiny --device cuda --profile hopper
 step build_tiny_t2i 90 $py -c "from npu_port.integrations.diffusers.tiny_text2image import build_tiny_text2image as b; b('$res/t2i_models')"
 step plain_xformers_script 90 $py $repo/tests/fixtures/attribution_project/generate.py --models "$res/t2i_models"
 step run_hopper_safe 120 $cli run --profile hopper-safe --report "$res/run_hopper_safe.json" $repo/tests/fixtures/attribution_project/generate.py --models "$res/t2i_models"
+# npu-port diff on the GPU: where torch's fp16 kernel parts from the math kernel on the tiny DiT (infer --compare's
+# 5e-2 above), and a float32 dump to compare with one written on a CPU (benchmarks/gpu/README.md)
+for spec in "float16 sdpa" "float16 vanilla" "float32 vanilla"; do
+    set -- $spec
+    step "diff_dump_$1_$2" 90 $cli diff dump --model tiny-dit --device cuda --dtype "$1" --strategy "$2" --steps 10 \
+        --sample 64 --no-progress -o "$res/cuda_$1_$2.d"
+done
+step diff_fp16 60 $cli diff "$res/cuda_float16_vanilla.d" "$res/cuda_float16_sdpa.d" --json
 step sync_check 90 $py $repo/benchmarks/gpu/sync_check.py --out "$res/sync_check.json"
 
 echo "--- steps"

@@ -80,6 +80,38 @@ def is_denoiser(module: torch.nn.Module) -> bool:
     return mixin is not None and isinstance(module, mixin)
 
 
+def _parents(module: torch.nn.Module) -> List[torch.nn.Module]:
+    """The modules that hold ``module`` among their submodules (their ``_modules`` dict refers to it)."""
+    import gc
+
+    found = []
+    for holder in gc.get_referrers(module):
+        if not isinstance(holder, dict) or not any(value is module for value in holder.values()):
+            continue
+        for owner in gc.get_referrers(holder):
+            candidates = [owner]
+            if isinstance(owner, dict):  # the owner's __dict__ (where instance attributes live in a dict)
+                candidates = [o for o in gc.get_referrers(owner) if isinstance(o, torch.nn.Module)]
+            for candidate in candidates:
+                if isinstance(candidate, torch.nn.Module) and candidate.__dict__.get("_modules") is holder:
+                    found.append(candidate)
+    return found
+
+
+def topmost_parent(module: torch.nn.Module, limit: int = 32) -> torch.nn.Module:
+    """The outermost module ``module`` belongs to (itself when nothing holds it); the first parent is followed
+    where several hold it, and at most ``limit`` levels."""
+    seen = {id(module)}
+    current = module
+    for _ in range(limit):
+        parents = [p for p in _parents(current) if id(p) not in seen]
+        if not parents:
+            break
+        current = parents[0]
+        seen.add(id(current))
+    return current
+
+
 def versions() -> Dict[str, Optional[str]]:
     """The versions a dump records: npu-port, Python, torch and, when imported, torch_npu, diffusers, transformers."""
     found: Dict[str, Optional[str]] = {"npu_port": __version__, "python": platform.python_version()}
@@ -159,22 +191,35 @@ class Capture:
     def _discover(self, module: torch.nn.Module, args: Tuple[Any, ...]) -> None:
         """Global pre-hook (``target=None``): name and hook a module the first time it is called. Its own hooks
         are added now, so for this first call its inputs are recorded here (positional ones: a global pre-hook
-        sees no keyword arguments) and its output by its own forward hook."""
+        sees no keyword arguments) and its output by its own forward hook.
+
+        A module called without its parent's ``__call__`` (DiT's ``forward_with_cfg`` calls ``self.forward``, a VAE's
+        ``decode`` is not ``forward``) would look like a root of its own; its parents are found instead (the modules
+        holding it in ``_modules``, read through the garbage collector once per tree) and the whole tree is named from
+        the topmost one: ``DiT.blocks.3``, ``AutoencoderKL.decoder``."""
         if module in self._names:
+            return
+        top = topmost_parent(module)
+        if top is not module and top not in self._names:
+            self._name_root(top)
+        if module in self._names:  # named as part of its parent's tree
+            self._pre(module, args, {})
             return
         if self._stack:  # a module made or called inside another's forward, not among its submodules
             _, parent, _, _ = self._stack[-1]
             base = f"{parent}/{type(module).__name__}"
-            prefix = base
+            self._hook_tree(module, base, f"{base}.")
         else:
-            cls = type(module).__name__
-            base = cls if not self._roots[cls] else f"{cls}#{self._roots[cls]}"
-            self._roots[cls] += 1
-            prefix = base
-            if is_denoiser(module):
-                self._denoisers.add(module)
-        self._hook_tree(module, base, f"{prefix}.")
+            self._name_root(module)
         self._pre(module, args, {})
+
+    def _name_root(self, root: torch.nn.Module) -> None:
+        cls = type(root).__name__
+        base = cls if not self._roots[cls] else f"{cls}#{self._roots[cls]}"
+        self._roots[cls] += 1
+        if is_denoiser(root):
+            self._denoisers.add(root)
+        self._hook_tree(root, base, f"{base}.")
 
     # ---- recording ---------------------------------------------------------------------------------------------
 

@@ -61,3 +61,36 @@ def test_a_dump_that_cannot_be_written_stops_recording_not_the_run(tmp_path, mon
     index = json.loads((tmp_path / "run.d" / "index.json").read_text())
     assert index["complete"] is False and index["records"] == 3 and index["meta"]["failure"] == c.failure
     assert _hooks(model) == 0 and watch.WATCHERS == []
+
+
+class CfgModel(torch.nn.Module):
+    """Called as DiT's sample.py calls its model: through a method that calls ``self.forward``, not ``__call__``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+    def forward_with_cfg(self, x):
+        return self.forward(torch.cat([x, x]))
+
+
+def test_a_process_capture_names_modules_from_their_topmost_parent(tmp_path):
+    """``target=None`` (``npu-port run --dump``): blocks reached without their parent's ``__call__`` are named under
+    the parent (``CfgModel.blocks.1``), not as roots of their own (``Linear#1``); every hook goes with the block."""
+    from torch.nn.modules import module as torch_module
+
+    model = CfgModel()
+    before = len(torch_module._global_forward_pre_hooks)
+    with capture(None, tmp_path / "run.d"):
+        model.forward_with_cfg(torch.randn(1, 4))
+        model.forward_with_cfg(torch.randn(1, 4))
+    records = list(Dump(tmp_path / "run.d").records())
+    names = sorted({(r["module"], r["call"]) for r in records})
+    assert names == [("CfgModel.blocks.0", 0), ("CfgModel.blocks.0", 1), ("CfgModel.blocks.1", 0),
+                     ("CfgModel.blocks.1", 1)]  # fmt: skip
+    assert _hooks(model) == 0 and len(torch_module._global_forward_pre_hooks) == before
