@@ -10,6 +10,7 @@ from .call import AttentionCall
 from .contract import finish_lse, finish_output
 from .kernels.base import Kernel
 from .select import resolve_kernel
+from .watch import WATCHERS, inside, observe
 
 
 def attention(
@@ -44,6 +45,9 @@ def attention(
     (``out = sum_i exp(lse_i - lse) * out_i``). A row whose keys are all masked has ``lse = -inf`` (and zeros out).
     Only kernels that can return it are chosen; a named one that cannot raises with the reason (code ``lse``).
     """
+    if WATCHERS and not inside():  # npu_port.diff is recording this run (attn/watch.py)
+        return observe(attention, query, key, value, attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                       enable_gqa=enable_gqa, kernel=kernel, return_lse=return_lse)  # fmt: skip
     call = AttentionCall.from_arguments(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse
     )

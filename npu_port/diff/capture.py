@@ -16,7 +16,7 @@ What is hooked:
   of the same class ``CLIPTextModel#1``); each call of a diffusers UNet or transformer root is a step.
 
 Hooks are forward pre-hooks and forward hooks with keyword arguments (so ``encoder_hidden_states=`` is seen), plus a
-watcher on npu-port's attention router (``strategy/watch.py``). All of it is removed when the block ends, error or
+watcher on npu-port's attention router (``attn/watch.py``). All of it is removed when the block ends, error or
 Ctrl-C included; the dump then says whether the run finished. Records are aligned between runs by
 ``(kind, module, step, call, io, index)``: the same code on two machines produces the same keys.
 """
@@ -296,7 +296,10 @@ class Capture:
             inputs.append(("attn_mask", attn_mask))
         cls = f"attention(is_causal={bool(is_causal)}, scale={scale})"
         self._record("attention", path, cls, self.step, call, "in", inputs)
-        self._record("attention", path, cls, self.step, call, "out", [("out", output)])
+        if isinstance(output, tuple):  # (out, lse)
+            self._record("attention", path, cls, self.step, call, "out", [("out", output[0]), ("lse", output[1])])
+        else:
+            self._record("attention", path, cls, self.step, call, "out", [("out", output)])
 
     # ---- the block ---------------------------------------------------------------------------------------------
 
@@ -317,7 +320,7 @@ class Capture:
         return meta
 
     def __enter__(self) -> "Capture":
-        from ..strategy import watch
+        from ..attn import watch
 
         if self.full:
             try:  # full tensors are written as safetensors: say so before the run, not at its end
@@ -347,7 +350,7 @@ class Capture:
         return self
 
     def _remove(self) -> None:
-        from ..strategy import watch
+        from ..attn import watch
 
         for handle in self._handles:
             handle.remove()

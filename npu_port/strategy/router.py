@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 import torch
 from torch import Tensor
 
+from ..attn import watch
 from ..attn.api import run_call, run_call_lse
 from ..attn.call import AttentionCall
 from ..attn.contract import finish_unmasked
@@ -28,17 +29,16 @@ from ..attn.masks import float_mask_facts
 from ..attn.registry import get_kernel
 from ..attn.select import runnable_kernels
 from ..attn.target import Target
+from ..attn.watch import WATCHERS
 from ..device import free_memory_bytes
 from ..errors import KernelUnavailableError, NoKernelError, StrategyError
 from ..reasons import Reason
-from . import watch
 from .cache import DecisionCache, kernel_packages
 from .cast import CastKernel
 from .decision import OK, PICKED, REFUSED, CandidateResult, Decision, bucket_key, bucket_signature
 from .measure import UNMEASURED, measure, pick, pool
 from .spec import OPTIONS, Strategy
 from .summary import SUMMARY
-from .watch import WATCHERS
 
 #: Signatures whose prepared runner is kept; past this many (shapes that keep changing) the table starts over.
 MAX_PREPARED = 1024
@@ -422,7 +422,7 @@ class StrategyRouter:
         scalar arguments with their types, whether gradients are needed), so a hit is a call already checked. This
         is the path a model's thousands of attention calls take; masked calls build an :class:`AttentionCall`.
         """
-        if WATCHERS and not watch.inside():  # npu_port.diff is recording this run (strategy/watch.py)
+        if WATCHERS and not watch.inside():  # npu_port.diff is recording this run (attn/watch.py)
             return watch.observe(self, query, key, value, attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                                  scale=scale, enable_gqa=enable_gqa)  # fmt: skip
         signature = None

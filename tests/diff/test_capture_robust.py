@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
+from npu_port.attn import watch
 from npu_port.diff import Dump, capture
 from npu_port.diff.dump import DumpWriter
-from npu_port.strategy import watch
 
 
 class Net(torch.nn.Module):
@@ -94,3 +94,31 @@ def test_a_process_capture_names_modules_from_their_topmost_parent(tmp_path):
     assert names == [("CfgModel.blocks.0", 0), ("CfgModel.blocks.0", 1), ("CfgModel.blocks.1", 0),
                      ("CfgModel.blocks.1", 1)]  # fmt: skip
     assert _hooks(model) == 0 and len(torch_module._global_forward_pre_hooks) == before
+
+
+class AttentionNet(torch.nn.Module):
+    """Calls ``npu_port.attention`` as the drop-ins and patched legacy attention do (the process-wide path)."""
+
+    def forward(self, q, k, v):
+        import npu_port
+
+        out = npu_port.attention(q, k, v, is_causal=True)
+        out2, lse = npu_port.attention(q, k, v, return_lse=True)
+        return out + out2
+
+
+def test_calls_through_npu_port_attention_are_recorded_with_their_module(tmp_path):
+    model = AttentionNet()
+    q, k, v = (torch.randn(1, 2, 5, 8, dtype=torch.float64) for _ in range(3))
+    with capture(model, tmp_path / "run.d"):
+        out = model(q, k, v)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    expected = expected + torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(out, expected)  # recording changes nothing
+    calls = [r for r in Dump(tmp_path / "run.d").records() if r["kind"] == "attention"]
+    assert {(r["module"], r["call"], r["io"], r["name"]) for r in calls} == {
+        ("(model)", 0, "in", "query"), ("(model)", 0, "in", "key"), ("(model)", 0, "in", "value"),
+        ("(model)", 0, "out", "out"), ("(model)", 1, "in", "query"), ("(model)", 1, "in", "key"),
+        ("(model)", 1, "in", "value"), ("(model)", 1, "out", "out"), ("(model)", 1, "out", "lse"),
+    }  # fmt: skip
+    assert calls[0]["class"] == "attention(is_causal=True, scale=None)" and watch.WATCHERS == []
