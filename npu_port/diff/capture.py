@@ -319,6 +319,13 @@ class Capture:
         meta.update(self._meta)
         return meta
 
+    def note(self, **items: Any) -> None:
+        """Add ``items`` to the dump's meta (written when the block ends): what is known only after the run, such
+        as the strategy ``auto`` resolved to."""
+        self._meta.update(items)
+        if self._writer is not None:
+            self._writer.meta.update(items)
+
     def __enter__(self) -> "Capture":
         from ..attn import watch
 

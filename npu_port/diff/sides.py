@@ -190,7 +190,7 @@ def run_side(side: Side, out: os.PathLike, *, full: Any = (), sample_size: Optio
     with _fused(loaded.pipe, side.fuse_ops):
         with capture(loaded.pipe, out, full=full, meta=meta, progress=progress, **options) as recorder:
             result = generate(loaded, side.request)
-            recorder._meta["strategy_resolved"] = result.strategy_resolved
+            recorder.note(strategy_resolved=result.strategy_resolved)
     return Path(recorder.path)
 
 

@@ -73,11 +73,13 @@ def test_the_processors_compute_the_attention_they_say():
 def test_a_dump_from_one_process_matches_sdpa_run_now_in_another(vanilla_dump, capsys):
     dump = Dump(vanilla_dump)
     assert dump.complete and dump.meta["strategy"] == "vanilla" and dump.meta["request"]["steps"] == 2
+    assert dump.meta["strategy_resolved"] == "vanilla"  # known after the run (Capture.note)
     code, report = _json(["diff", str(vanilla_dump), "--b", "strategy=sdpa", "--json", "--no-progress"], capsys)
     assert code == 0, report["first_divergence"]
     assert report["first_divergence"] is None and report["divergent"] == []
     assert report["records_compared"] == dump.index["records"] and report["only_in_a"] == report["only_in_b"] == 0
     assert report["b"]["strategy"] == "sdpa" and report["b"]["request"] == dump.meta["request"]  # the dump's request
+    assert report["b"]["strategy_resolved"] == "sdpa"
 
 
 @pytest.mark.e2e
