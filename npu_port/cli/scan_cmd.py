@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-SEVERITY_CHOICES = ("import", "runtime", "handled", "perf", "info", "never")
+from ..scan.rule import SEVERITIES
+
+SEVERITY_CHOICES = (*SEVERITIES, "never")
 NEEDS_TORCH = False  # reading code needs no torch: a scan works where torch is broken
 
 
@@ -27,8 +29,8 @@ def add_parser(commands) -> None:
         "--fail-on",
         choices=SEVERITY_CHOICES,
         default="never",
-        help="exit 1 when a finding of this severity or a more serious one is found (import > runtime > handled > "
-        "perf > info; default: never)",
+        help="exit 1 when a finding of this severity or a more serious one is found (" + " > ".join(SEVERITIES) + "; "
+        "default: never)",
     )
     parser.add_argument("--jobs", "-j", type=int, default=None, help="processes (default: one per core)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -36,13 +38,20 @@ def add_parser(commands) -> None:
 
 def add_rule_selection(parser, verb: str) -> None:
     """``--select`` / ``--ignore``, as scan and fix both take them (codes or prefixes, ruff's convention)."""
-    parser.add_argument("--select", default="", help=f"comma list of codes or prefixes to {verb} (default: all)")
-    parser.add_argument("--ignore", default="", help=f"comma list of codes or prefixes not to {verb}")
+    parser.add_argument(
+        "--select",
+        default="",
+        help=f"comma list of codes or prefixes to {verb}, or severities to keep (default: all)",
+    )
+    parser.add_argument(
+        "--ignore", default="", help=f"comma list of codes or prefixes not to {verb}, or severities to drop (guarded)"
+    )
 
 
 def codes(value: str):
-    """``"npu3, NPU101"`` -> ``["NPU3", "NPU101"]``."""
-    return [part.strip().upper() for part in value.split(",") if part.strip()]
+    """``"npu3, NPU101, guarded"`` -> ``["npu3", "NPU101", "guarded"]``: the scan reads severity names as such and
+    upper-cases the codes."""
+    return [part.strip() for part in value.split(",") if part.strip()]
 
 
 def check_output(path: str) -> None:

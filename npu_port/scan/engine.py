@@ -87,14 +87,26 @@ class ScanResult:
 # ---- choosing rules ------------------------------------------------------------------------------------------------
 
 
+def split_selection(items: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """``(codes, severities)`` of a ``--select`` / ``--ignore`` list: a severity name (``guarded``) picks findings by
+    severity, anything else is a rule code or prefix (upper-cased: ``npu3`` is ``NPU3``)."""
+    codes = [item.upper() for item in items if item.lower() not in SEVERITIES]
+    return codes, [item.lower() for item in items if item.lower() in SEVERITIES]
+
+
 def select_rules(select: Sequence[str] = (), ignore: Sequence[str] = ()) -> List[Type[Rule]]:
     """The rules to run: those whose code starts with one of ``select`` (all when empty), minus those starting with
-    one of ``ignore`` — ruff's prefix convention (``NPU2`` is every NPU2xx). An unknown prefix is an error."""
+    one of ``ignore`` — ruff's prefix convention (``NPU2`` is every NPU2xx). An unknown prefix is an error. Severity
+    names in either list pick findings, not rules (:func:`keep_severities`): every rule still runs."""
+    select, ignore = split_selection(select)[0], split_selection(ignore)[0]
     every = rules()
     codes = [r.code for r in every]
     for prefix in [*select, *ignore]:
         if not any(code.startswith(prefix) for code in codes):
-            raise ScanError(f"unknown rule code or prefix {prefix!r}; the codes are {', '.join(codes)}")
+            raise ScanError(
+                f"unknown rule code or prefix {prefix!r}; the codes are {', '.join(codes)}, "
+                f"and the severities {', '.join(SEVERITIES)}"
+            )
     chosen = [r for r in every if not select or any(r.code.startswith(p) for p in select)]
     chosen = [r for r in chosen if not any(r.code.startswith(p) for p in ignore)]
     if not chosen:
@@ -103,6 +115,16 @@ def select_rules(select: Sequence[str] = (), ignore: Sequence[str] = ()) -> List
             "npu-port scan --rules lists them"
         )
     return chosen
+
+
+def keep_severities(select: Sequence[str] = (), ignore: Sequence[str] = ()) -> Tuple[str, ...]:
+    """The severities whose findings are reported: those named in ``select`` (all when none is), minus those named
+    in ``ignore`` (``--ignore guarded`` hides what only runs where CUDA is)."""
+    chosen, dropped = split_selection(select)[1], split_selection(ignore)[1]
+    kept = tuple(s for s in SEVERITIES if (not chosen or s in chosen) and s not in dropped)
+    if not kept:
+        raise ScanError(f"--select / --ignore leave no severity to report; the severities are {', '.join(SEVERITIES)}")
+    return kept
 
 
 # ---- finding files -------------------------------------------------------------------------------------------------
@@ -369,8 +391,10 @@ def scan(
     jobs: Optional[int] = None,
     progress: bool = False,
 ) -> ScanResult:
-    """Scan ``paths`` (files or folders) with the selected rules; see the module docstring."""
+    """Scan ``paths`` (files or folders) with the selected rules, keeping the findings of the selected severities;
+    see the module docstring."""
     chosen = select_rules(select, ignore)
+    severities = keep_severities(select, ignore)
     patterns = sorted({p for r in chosen for p in r.file_patterns})
     files = discover(paths, patterns)
     codes = [r.code for r in chosen]
@@ -395,6 +419,9 @@ def scan(
     finally:
         if bar is not None:
             bar.close()
+    if len(severities) < len(SEVERITIES):
+        for one in results:
+            one.findings = [f for f in one.findings if f.severity in severities]
     return ScanResult([str(p) for p in paths], results, codes)
 
 

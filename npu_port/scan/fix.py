@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
-from .engine import ScanError, scan, scan_file, select_rules
+from .engine import ScanError, scan, scan_file, select_rules, split_selection
 from .rule import Finding, Rule
 
 Span = Tuple[int, int, int, int]
@@ -327,7 +327,8 @@ def fix(
 ) -> List[FileFix]:
     """Fix every file under ``paths`` that has a fixable finding; with ``write``, replace the files atomically."""
     chosen = select_rules(select, ignore)
-    result = scan(paths, select=[r.code for r in chosen], jobs=1)
+    severities = [s for s in split_selection(select)[1]]
+    result = scan(paths, select=[r.code for r in chosen] + severities, ignore=split_selection(ignore)[1], jobs=1)
     fixes: List[FileFix] = []
     by_code = {r.code: r for r in chosen}
     roots = [os.path.realpath(p) for p in paths]

@@ -20,13 +20,16 @@ from .rule import SEVERITIES, Finding, rules
 
 FORMATS = ("text", "json", "csv", "sarif")
 #: SARIF levels for our severities (error: it breaks; warning: slow; note: handled or informative).
-SARIF_LEVEL = {"import": "error", "runtime": "error", "handled": "note", "perf": "warning", "info": "note"}
+SARIF_LEVEL = {"import": "error", "runtime": "error", "handled": "note", "perf": "warning", "deprecated": "warning",
+               "guarded": "note", "info": "note"}  # fmt: skip
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 HEADLINES = {
     "import": "breaks at import (the module cannot be imported without CUDA)",
     "runtime": "breaks when reached",
     "handled": "handled by npu-port (npu-port run, a strategy or a drop-in)",
     "perf": "works, but slow or memory-hungry on the target",
+    "deprecated": "works, but the API is going away",
+    "guarded": "CUDA-only, reached only where CUDA is available (the guard keeps it safe)",
     "info": "for information",
 }
 
@@ -40,7 +43,7 @@ def summary_lines(result: ScanResult) -> List[str]:
     fixable = sum(1 for f in found if f.fix == "safe")
     lines = [f"{scanned} files scanned ({parsed} looked at by rules: the others mention nothing a rule looks for)"]
     for severity in SEVERITIES:
-        lines.append(f"  {counts[severity]:5d} {severity:8s} {HEADLINES[severity]}")
+        lines.append(f"  {counts[severity]:5d} {severity:10s} {HEADLINES[severity]}")
     lines.append(f"  {fixable:5d} with a safe fix (no change on CUDA); {manual:5d} need a manual change")
     vendored = result.vendored_findings
     if vendored:
@@ -183,4 +186,4 @@ def rules_table(markdown: bool = False) -> str:
         out = ["| code | name | severity | fix | targets | finds | handled by |", "|---|---|---|---|---|---|---|"]
         out += ["| " + " | ".join(f"`{c}`" if i == 0 else c for i, c in enumerate(row)) + " |" for row in rows]
         return "\n".join(out) + "\n"
-    return "\n".join(f"{c}  {n:34s} {s:8s} {f:7s} {t:12s} {m}" for c, n, s, f, t, m, _ in rows) + "\n"
+    return "\n".join(f"{c}  {n:34s} {s:10s} {f:7s} {t:12s} {m}" for c, n, s, f, t, m, _ in rows) + "\n"

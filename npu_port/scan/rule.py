@@ -9,6 +9,10 @@ Severities, most serious first:
 - ``handled``: works under npu-port already — ``npu-port run``, a strategy or a drop-in deals with it, and the finding
   says which (``handled_by``);
 - ``perf``: works, but slow or memory-hungry on the target (hand-written attention that builds the whole score matrix);
+- ``deprecated``: works today, but uses an API that is going away (``torch.cuda.amp``: ``torch.amp`` replaces it);
+- ``guarded``: CUDA-only, but reachable only where CUDA is (behind ``if torch.cuda.is_available():``): the guard may
+  be all that keeps the program running without CUDA, so the line is shown, with the guard named, below the ones that
+  break;
 - ``info``: worth knowing, changes nothing by itself.
 
 Fix kinds: ``safe`` (a rewrite that keeps the behaviour on CUDA and is portable elsewhere), ``unsafe`` (a rewrite
@@ -26,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Dict, Iterator, List, Optional,
 if TYPE_CHECKING:  # imported for annotations only: the contexts import this module
     from .context import PythonFile, TextFile
 
-SEVERITIES = ("import", "runtime", "handled", "perf", "info")
+SEVERITIES = ("import", "runtime", "handled", "perf", "deprecated", "guarded", "info")
 FIX_KINDS = ("safe", "unsafe", "manual")
 #: The devices a rule can concern: an Ascend NPU, a CPU, a GPU where CUDA-only builds (xformers, flash-attn) fail.
 TARGETS = ("npu", "cpu", "gpu")
