@@ -276,6 +276,17 @@ class PythonFile:
             return name  # `from .layers import *` brought the module's `torch` along (CogVideo's rife/RIFE.py)
         return None
 
+    def binding_scope(self, name: str, at: ast.AST) -> Optional[ast.AST]:
+        """The function, class or module whose binding of ``name`` is the one :meth:`binding` sees at ``at`` (where
+        to look for what the file assigned it), or None."""
+        scope: Optional[ast.AST] = self.scope_of(at)
+        start = scope
+        while scope is not None:
+            if name in self._bindings.get(scope, {}) and (scope is start or not isinstance(scope, ast.ClassDef)):
+                return scope
+            scope = self.scope_of(scope) if scope is not self.tree else None
+        return None
+
     def _star_import(self) -> bool:
         return any(a.name == "*" for node in self._by_type.get(ast.ImportFrom, ()) for a in node.names)
 

@@ -58,11 +58,13 @@ class HandwrittenAttention(Rule):
     also_triggers = ("matmul", "bmm", "einsum", "mm(", re.compile(r"[\w)\]]\s*@=?\s*[\w(]"))
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        returning = _returning(source)
+        scopes = _softmax_scopes(source)
+        flows = [_Flow(source).run(scope.body) for scope in scopes]
+        returning = _returning(scopes, flows)
+        if returning:  # a second pass, knowing what the file's functions return (most files have none)
+            flows = [_Flow(source, returning).run(scope.body) for scope in _softmax_scopes(source, returning)]
         reported: Set[int] = set()
-        for scope in _softmax_scopes(source, returning):
-            flow = _Flow(source, returning)
-            flow.run(scope.body)
+        for flow in flows:
             for node, scores, softmax_line in flow.found:
                 if id(scores) in reported:
                     continue
@@ -91,9 +93,10 @@ class _Flow:
         self.returning = returning or {}
         self._seen: Set[int] = set()
 
-    def run(self, statements: List[ast.stmt]) -> None:
+    def run(self, statements: List[ast.stmt]) -> "_Flow":
         for statement in statements:
             self.statement(statement)
+        return self
 
     def statement(self, node: ast.stmt) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -244,17 +247,16 @@ def _softmax_scopes(source: PythonFile, returning: Optional[Dict[str, Kind]] = N
     return sorted(scopes.values(), key=lambda s: getattr(s, "lineno", 0))
 
 
-def _returning(source: PythonFile) -> Dict[str, Kind]:
+def _returning(scopes: List[ast.AST], flows: List["_Flow"]) -> Dict[str, Kind]:
     """The file's functions and methods, by name, whose ``return`` gives scores or probabilities (probabilities
-    preferred): a call of one in another function starts a flow there (``attention_probs =
-    attn.get_attention_scores(query, key, mask)``, then ``torch.bmm(attention_probs, value)``). Only functions that
-    call a softmax are followed: a function returning bare scores is a ``q @ k`` too common to follow everywhere."""
+    preferred), from the flows through ``scopes``: a call of one in another function starts a flow there
+    (``attention_probs = attn.get_attention_scores(query, key, mask)``, then ``torch.bmm(attention_probs, value)``).
+    Only functions that call a softmax are followed: a function returning bare scores is a ``q @ k`` too common to
+    follow everywhere."""
     found: Dict[str, Kind] = {}
-    for scope in _softmax_scopes(source):
+    for scope, flow in zip(scopes, flows):
         if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        flow = _Flow(source)
-        flow.run(scope.body)
         kinds = sorted(flow.returned, key=lambda k: k[0] != PROBS)
         if kinds and not flow.found:  # a function doing all of attention itself returns its output, not scores
             found.setdefault(scope.name, kinds[0])
