@@ -380,7 +380,7 @@ class PythonFile:
         end_column = _characters(lines, end_line, end_column)
         anchor = None
         if end_line > line:  # spread over lines: reported on the line of the CUDA-only part, fixed where the node is
-            focus_line, focus_column = node_focus(node if at is None else at)
+            focus_line, focus_column = node_focus(at if hasattr(at, "lineno") else node)  # an alias has none < 3.10
             if focus_line != line:
                 anchor = (line, column, end_line, end_column)
                 line, column = focus_line, _characters(lines, focus_line, focus_column)
