@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .rule import Finding, Rule, node_span
+from .rule import Finding, Rule, node_focus, node_span
 
 #: What a name bound by the file itself resolves to: nothing of a library's.
 LOCAL = "<local>"
@@ -276,6 +276,17 @@ class PythonFile:
             return name  # `from .layers import *` brought the module's `torch` along (CogVideo's rife/RIFE.py)
         return None
 
+    def binding_scope(self, name: str, at: ast.AST) -> Optional[ast.AST]:
+        """The function, class or module whose binding of ``name`` is the one :meth:`binding` sees at ``at`` (where
+        to look for what the file assigned it), or None."""
+        scope: Optional[ast.AST] = self.scope_of(at)
+        start = scope
+        while scope is not None:
+            if name in self._bindings.get(scope, {}) and (scope is start or not isinstance(scope, ast.ClassDef)):
+                return scope
+            scope = self.scope_of(scope) if scope is not self.tree else None
+        return None
+
     def _star_import(self) -> bool:
         return any(a.name == "*" for node in self._by_type.get(ast.ImportFrom, ()) for a in node.names)
 
@@ -355,15 +366,24 @@ class PythonFile:
         message: Optional[str] = None,
         fix: Optional[str] = None,
         severity: Optional[str] = None,
+        at: Optional[ast.AST] = None,
     ) -> Finding:
         """A finding of ``rule`` at ``node`` (columns in characters, as editors and libcst count them: ast counts
         UTF-8 bytes); ``message``, ``fix`` and ``severity`` default to the rule's. A finding more serious than its
         rule's usual case says so (``.cuda()`` is handled by npu-port run; a storage's ``.cuda()`` is not, and raises):
-        ``--fail-on``, the summary and SARIF read each finding's own severity."""
+        ``--fail-on``, the summary and SARIF read each finding's own severity. A node spread over lines is reported on
+        the line of its CUDA-only part — ``at`` where the rule knows it (the ``"cuda"`` argument of a call), else
+        :func:`node_focus` — and fixed where the whole node is (:attr:`Finding.anchor`)."""
         line, column, end_line, end_column = node_span(node)
         lines = self.lines
         column = _characters(lines, line, column)
         end_column = _characters(lines, end_line, end_column)
+        anchor = None
+        if end_line > line:  # spread over lines: reported on the line of the CUDA-only part, fixed where the node is
+            focus_line, focus_column = node_focus(at if hasattr(at, "lineno") else node)  # an alias has none < 3.10
+            if focus_line != line:
+                anchor = (line, column, end_line, end_column)
+                line, column = focus_line, _characters(lines, focus_line, focus_column)
         snippet = lines[line - 1].strip() if 0 < line <= len(lines) else ""
         return Finding(
             rule.code,
@@ -377,6 +397,7 @@ class PythonFile:
             fix or rule.fix,
             rule.handled_by if (severity or rule.severity) == "handled" else None,
             snippet,
+            anchor,
         )
 
 

@@ -14,7 +14,7 @@
   selected rule's ``triggers``: most files of a big tree mention nothing a rule looks for and are only read. A file
   that is parsed and does not parse is reported (NPU001).
 - Suppressions: ``# npu-port: ignore[NPU201]`` (or ``ignore[NPU201,NPU301]``; bare ``# npu-port: ignore`` for every
-  code) on the line a finding starts on.
+  code) on the line a finding starts on (or the first line of the node it points into: :attr:`Finding.anchor`).
 - Parallel over files (a process pool) on big trees, with a progress bar.
 """
 
@@ -266,13 +266,16 @@ def _decode(data: bytes, python: bool) -> str:
 
 
 def _suppressed(finding: Finding, lines: List[str]) -> bool:
-    if not 0 < finding.line <= len(lines):
-        return False
-    match = _SUPPRESSION.search(lines[finding.line - 1])
-    if match is None:
-        return False
-    codes = match.group(1)
-    return codes is None or finding.code in {c.strip().upper() for c in codes.split(",")}
+    """Whether a suppression comment names the finding on its line, or on the first line of the statement spread
+    over lines it is part of (where the comment was written before findings moved to the CUDA-only line)."""
+    for line in dict.fromkeys((finding.line, finding.span[0])):
+        match = _SUPPRESSION.search(lines[line - 1]) if 0 < line <= len(lines) else None
+        if match is None:
+            continue
+        codes = match.group(1)
+        if codes is None or finding.code in {c.strip().upper() for c in codes.split(",")}:
+            return True
+    return False
 
 
 def _interested(selected: Sequence[Type[Rule]], text: str, python: bool) -> List[Type[Rule]]:

@@ -276,8 +276,7 @@ def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False) ->
             if missing is not None:  # the rewrite would not run here: said, with the manual ones
                 found[index] = dataclasses.replace(finding, fix="manual", message=f"{finding.message} ({missing})")
                 continue
-            span = (finding.line, finding.column, finding.end_line, finding.end_column)
-            wanted.setdefault(span, []).append((rule, finding))
+            wanted.setdefault(finding.span, []).append((rule, finding))  # the node's span (Finding.anchor)
     attempted = {f for pairs in wanted.values() for _, f in pairs}
     result = FileFix(path, text, None, encoding=encoding)
     result.left = _left(found, by_code, attempted)

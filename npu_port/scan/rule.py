@@ -38,7 +38,12 @@ TARGETS = ("npu", "cpu", "gpu")
 
 @dataclass(frozen=True)
 class Finding:
-    """One place a rule matched. Lines and columns are 1-based (editors' and SARIF's convention)."""
+    """One place a rule matched. Lines and columns are 1-based (editors' and SARIF's convention).
+
+    ``line`` is where the CUDA-only call or name is: a node spread over lines is reported from the line of the part
+    :func:`node_focus` names (the ``.cuda`` of a call chain, the ``"cuda"`` of a keyword, the first name of a
+    parenthesised ``from`` import) to where the node ends. ``anchor`` is then the whole node's span (None: the
+    finding's own): ``npu-port fix`` finds the node to rewrite there (:attr:`span`)."""
 
     code: str
     path: str
@@ -51,6 +56,12 @@ class Finding:
     fix: str
     handled_by: Optional[str] = None
     snippet: str = ""
+    anchor: Optional[Tuple[int, int, int, int]] = None
+
+    @property
+    def span(self) -> Tuple[int, int, int, int]:
+        """``(line, column, end_line, end_column)`` of the whole node the rule matched: what a rewrite replaces."""
+        return self.anchor or (self.line, self.column, self.end_line, self.end_column)
 
     def to_dict(self) -> Dict[str, object]:
         return {
@@ -177,3 +188,21 @@ def node_span(node: ast.AST) -> Tuple[int, int, int, int]:
     end_line = getattr(node, "end_lineno", None) or line
     end_column = (getattr(node, "end_col_offset", None) or column - 1) + 1
     return line, column, end_line, end_column
+
+
+def node_focus(node: ast.AST) -> Tuple[int, int]:
+    """``(line, column)``, 1-based (column in UTF-8 bytes, as ast counts), of the part of ``node`` a finding points
+    at — the line a reader looks for, where a statement spreads over several: the attribute name of a call or an
+    attribute (``.cuda`` in ``(torch.zeros(3)\n.cuda())``), the value of a keyword (``device=\n"cuda"``), the first
+    name of an import (``from flash_attn import (\nflash_attn_func,\n)``); else where the node starts."""
+    while True:
+        if isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.keyword):
+            node = node.value
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and hasattr(node.names[0], "lineno"):  # Python >= 3.10
+            node = node.names[0]
+        elif isinstance(node, ast.Attribute) and node.end_lineno is not None and node.end_col_offset is not None:
+            return node.end_lineno, node.end_col_offset - len(node.attr.encode("utf-8")) + 1
+        else:
+            return getattr(node, "lineno", 1), getattr(node, "col_offset", 0) + 1

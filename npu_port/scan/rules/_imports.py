@@ -345,7 +345,15 @@ def import_findings(rule, source: PythonFile, accepts, message, fix=None) -> Ite
                 kinds.append(kind)
     for node, (guarded, kinds) in grouped.items():
         text = message(kinds, guarded, where(source, node))
-        yield source.finding(rule, node, text, fix=fix(node) if fix is not None else None)
+        yield source.finding(rule, node, text, fix=fix(node) if fix is not None else None, at=_alias(node, kinds))
+
+
+def _alias(node: ast.AST, kinds: List[Kind]) -> Optional[ast.AST]:
+    """The name of an import statement spread over lines that the first of ``kinds`` is (the line to report)."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        module = f"{node.module}." if isinstance(node, ast.ImportFrom) else ""
+        return next((alias for alias in node.names if module + alias.name == kinds[0].library), None)
+    return None
 
 
 def names(kinds: List[Kind]) -> str:

@@ -235,27 +235,3 @@ def under_cuda_check(source, node) -> bool:  # type: ignore[no-untyped-def]
             return True
         parent = source.parents.get(parent)
     return False
-
-
-def names_cuda_source(source, node) -> bool:  # type: ignore[no-untyped-def]
-    """Whether an expression (a sources list, one file name, an f-string, a name assigned one of these in the same
-    scope) names a ``.cu`` / ``.cuh`` file."""
-    import ast
-
-    for part in ast.walk(node):
-        if isinstance(part, ast.Constant) and isinstance(part.value, str) and part.value.endswith(CUDA_SUFFIXES):
-            return True
-        if isinstance(part, ast.Name):
-            scope = source.scope_of(part)
-            for assign in ast.walk(scope):
-                if (
-                    isinstance(assign, ast.Assign)
-                    and any(isinstance(t, ast.Name) and t.id == part.id for t in assign.targets)
-                    and assign.value is not node
-                    and any(
-                        isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value.endswith(CUDA_SUFFIXES)
-                        for c in ast.walk(assign.value)
-                    )
-                ):
-                    return True
-    return False

@@ -58,6 +58,7 @@ class CudaAtImport(Rule):
                     call,
                     f"{what} runs at import time: importing this module fails without CUDA; move it into the "
                     "function that uses it (npu-port run handles it)",
+                    at=None if cuda_api_name(qualified) else _device_argument(call),
                 )
 
     @staticmethod
@@ -85,3 +86,12 @@ class CudaAtImport(Rule):
         if any(k.arg == "device" and live_cuda_literal(source, k.value) for k in call.keywords):
             return 'a tensor on `"cuda"`'
         return None
+
+
+def _device_argument(call: ast.Call) -> Optional[ast.AST]:
+    """The ``"cuda"`` of a call that is CUDA work because of it — the ``device=`` keyword, the first argument of
+    ``.to(...)`` / ``Generator(...)`` — the line to report; None for ``.cuda()``."""
+    if isinstance(call.func, ast.Attribute) and call.func.attr == "cuda":
+        return None
+    keyword = next((k for k in call.keywords if k.arg == "device"), None)
+    return keyword if keyword is not None or not call.args else call.args[0]

@@ -6,10 +6,12 @@ import ast
 import re
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
-from ..context import PythonFile
+from ..context import LOCAL, PythonFile
 from ..rule import Finding, Rule, register_rule
 
 SCORES, PROBS = "scores", "probs"
+#: What an expression holds: (SCORES or PROBS, the node making the scores, line of the softmax or 0).
+Kind = Tuple[str, ast.AST, int]
 #: Library functions that multiply two tensors, and where their two operands sit among the positional arguments.
 _PRODUCTS = {"torch.matmul": (0, 1), "torch.bmm": (0, 1), "torch.baddbmm": (1, 2), "torch.mm": (0, 1)}
 _PRODUCT_METHODS = {"matmul": (None, 0), "bmm": (None, 0), "baddbmm": (0, 1), "baddbmm_": (0, 1), "mm": (None, 0)}
@@ -21,9 +23,12 @@ _BODIES = ("body", "orelse", "handlers", "finalbody", "cases")
 
 @register_rule
 class HandwrittenAttention(Rule):
-    """Attention written out by hand inside one function: a product of q and k (``torch.baddbmm``, ``matmul``,
-    ``bmm``, ``@`` or ``einsum``), a softmax of those scores, then the probabilities times v — the same tensors
-    flowing through, across simple assignments (``attn = attn * scale``, ``attn = self.dropout(attn)``).
+    """Attention written out by hand: a product of q and k (``torch.baddbmm``, ``matmul``, ``bmm``, ``@`` or
+    ``einsum``), a softmax of those scores, then the probabilities times v — the same tensors flowing through, across
+    simple assignments (``attn = attn * scale``, ``attn = self.dropout(attn)``), and through a function or method of
+    the file that returns the scores or the probabilities (old diffusers' ``get_attention_scores``, called as
+    ``attn.get_attention_scores(q, k, mask)`` by the processors). Reported where the scores are made (once, however
+    many places multiply the probabilities by v): that is the line to replace.
 
     It works everywhere, but it builds the whole ``(batch * heads, queries, keys)`` score matrix in memory — for long
     video sequences that is tens of GiB (ControlVideo's hand-written ``_attention`` asks for 112 GiB at 512x512x16
@@ -34,9 +39,9 @@ class HandwrittenAttention(Rule):
 
     Example::
 
-        attn = torch.baddbmm(empty, q, k.transpose(-1, -2), beta=0, alpha=self.scale)
+        attn = torch.baddbmm(empty, q, k.transpose(-1, -2), beta=0, alpha=self.scale)   # NPU401
         attn = attn.softmax(dim=-1)
-        out = torch.bmm(attn, v)        # NPU401
+        out = torch.bmm(attn, v)
     """
 
     code = "NPU401"
@@ -53,32 +58,45 @@ class HandwrittenAttention(Rule):
     also_triggers = ("matmul", "bmm", "einsum", "mm(", re.compile(r"[\w)\]]\s*@=?\s*[\w(]"))
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for scope in _softmax_scopes(source):
-            flow = _Flow(source)
-            flow.run(scope.body)
-            for node, score_line, softmax_line in flow.found:
+        scopes = _softmax_scopes(source)
+        flows = [_Flow(source).run(scope.body) for scope in scopes]
+        returning = _returning(scopes, flows)
+        if returning:  # a second pass, knowing what the file's functions return (most files have none)
+            flows = [_Flow(source, returning).run(scope.body) for scope in _softmax_scopes(source, returning)]
+        reported: Set[int] = set()
+        for flow in flows:
+            for node, scores, softmax_line in flow.found:
+                if id(scores) in reported:
+                    continue
+                reported.add(id(scores))
                 message = (
-                    f"hand-written attention (scores on line {score_line}, softmax on line {softmax_line}) builds the "
-                    "whole score matrix: use npu_port.attention(q, k, v, ...) (a legacy `_attention` class is routed "
-                    "by npu_port.patch_legacy_attention / npu-port run)"
+                    f"hand-written attention (softmax on line {softmax_line}, times v on line {node.lineno}) builds "
+                    "the whole score matrix: use npu_port.attention(q, k, v, ...) (a legacy `_attention` class is "
+                    "routed by npu_port.patch_legacy_attention / npu-port run)"
                 )
-                yield source.finding(self, node, message)
+                yield source.finding(self, scores, message)
 
 
 class _Flow:
     """Which names hold attention scores or probabilities, statement by statement through one function's body (not
     into nested functions or classes: each is a scope of its own)."""
 
-    def __init__(self, source: PythonFile) -> None:
+    def __init__(self, source: PythonFile, returning: Optional[Dict[str, Kind]] = None) -> None:
         self.source = source
-        #: name -> (kind, line of the scores, line of the softmax or 0)
-        self.names: Dict[str, Tuple[str, int, int]] = {}
-        self.found: List[Tuple[ast.AST, int, int]] = []
+        #: name -> (kind, the node making the scores, line of the softmax or 0)
+        self.names: Dict[str, Kind] = {}
+        #: (the product of the probabilities and v, the node making the scores, line of the softmax)
+        self.found: List[Tuple[ast.AST, ast.AST, int]] = []
+        #: What the function's ``return`` statements give back, in order.
+        self.returned: List[Kind] = []
+        #: The file's functions (by name) that return scores or probabilities: calling one gives them.
+        self.returning = returning or {}
         self._seen: Set[int] = set()
 
-    def run(self, statements: List[ast.stmt]) -> None:
+    def run(self, statements: List[ast.stmt]) -> "_Flow":
         for statement in statements:
             self.statement(statement)
+        return self
 
     def statement(self, node: ast.stmt) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -98,6 +116,11 @@ class _Flow:
             if isinstance(node.target, ast.Name) and node.target.id not in self.names and value is not None:
                 self.names[node.target.id] = value
             return
+        if isinstance(node, ast.Return) and node.value is not None:
+            returned = self.kind(node.value)
+            if returned is not None:
+                self.returned.append(returned)
+            return
         for field_name, value in ast.iter_fields(node):  # tests, iterables, returned values, with-items
             if field_name in _BODIES:
                 continue
@@ -115,7 +138,7 @@ class _Flow:
                 elif hasattr(child, "body"):  # match cases
                     self.run(child.body)
 
-    def kind(self, node: ast.AST) -> Optional[Tuple[str, int, int]]:
+    def kind(self, node: ast.AST) -> Optional[Kind]:
         """What ``node`` evaluates to: scores, probabilities, or nothing of interest (None). Records a finding when
         it is the probabilities times another tensor."""
         if isinstance(node, ast.Name):
@@ -137,7 +160,7 @@ class _Flow:
                     self.found.append((node, probs[0][1], probs[0][2]))
                 return None
             if all(k is None for k in kinds):
-                return (SCORES, node.lineno, 0)
+                return (SCORES, node, 0)
             return None
         softmax_of = self.softmax_input(node)
         if softmax_of is not None:
@@ -146,11 +169,13 @@ class _Flow:
             if inner is not None:
                 return (PROBS, inner[1], node.lineno)
             return None
-        return self._children(node)
+        found = self._children(node)
+        callee = _callee(self.source, node) if self.returning else None
+        return self.returning.get(callee, found) if callee is not None else found
 
-    def _children(self, node: ast.AST, skip: Optional[ast.AST] = None) -> Optional[Tuple[str, int, int]]:
+    def _children(self, node: ast.AST, skip: Optional[ast.AST] = None) -> Optional[Kind]:
         """The strongest kind among ``node``'s sub-expressions (``attn * scale`` is still scores)."""
-        best: Optional[Tuple[str, int, int]] = None
+        best: Optional[Kind] = None
         for child in ast.iter_child_nodes(node):
             if child is skip or not isinstance(child, (ast.expr, ast.keyword)):
                 continue
@@ -199,10 +224,11 @@ class _Flow:
         return None
 
 
-def _softmax_scopes(source: PythonFile) -> List[ast.AST]:
-    """The module and the functions whose own statements call something softmax-like: only there can a flow find
-    probabilities (each flow stays out of nested functions). Most functions of a file that mentions ``softmax``
-    call none, and following every statement of each was most of this rule's time."""
+def _softmax_scopes(source: PythonFile, returning: Optional[Dict[str, Kind]] = None) -> List[ast.AST]:
+    """The module and the functions whose own statements call something softmax-like, or one of ``returning`` (the
+    file's functions returning scores or probabilities): only there can a flow find probabilities (each flow stays out
+    of nested functions). Most functions of a file that mentions ``softmax`` call none, and following every statement
+    of each was most of this rule's time."""
     scopes: Dict[int, ast.AST] = {}
     for call, name in source.calls():
         func = call.func
@@ -211,6 +237,7 @@ def _softmax_scopes(source: PythonFile) -> List[ast.AST]:
             or (isinstance(func, ast.Name) and "softmax" in func.id)
             or (isinstance(func, ast.Attribute) and "softmax" in func.attr.lower())
             or isinstance(func, ast.Call)  # nn.Softmax(dim=-1)(x)
+            or (returning and _callee(source, call) in returning)
         ):
             continue
         scope = source.scope_of(call)
@@ -218,6 +245,35 @@ def _softmax_scopes(source: PythonFile) -> List[ast.AST]:
             scope = source.scope_of(scope)
         scopes.setdefault(id(scope), scope)
     return sorted(scopes.values(), key=lambda s: getattr(s, "lineno", 0))
+
+
+def _returning(scopes: List[ast.AST], flows: List["_Flow"]) -> Dict[str, Kind]:
+    """The file's functions and methods, by name, whose ``return`` gives scores or probabilities (probabilities
+    preferred), from the flows through ``scopes``: a call of one in another function starts a flow there
+    (``attention_probs = attn.get_attention_scores(query, key, mask)``, then ``torch.bmm(attention_probs, value)``).
+    Only functions that call a softmax are followed: a function returning bare scores is a ``q @ k`` too common to
+    follow everywhere."""
+    found: Dict[str, Kind] = {}
+    for scope, flow in zip(scopes, flows):
+        if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        kinds = sorted(flow.returned, key=lambda k: k[0] != PROBS)
+        if kinds and not flow.found:  # a function doing all of attention itself returns its output, not scores
+            found.setdefault(scope.name, kinds[0])
+    return found
+
+
+def _callee(source: PythonFile, call: ast.AST) -> Optional[str]:
+    """The name of the file's own function or method ``call`` calls (``self.f(...)``, ``attn.f(...)``, ``f(...)``
+    for a ``def f`` of the file), or None."""
+    if not isinstance(call, ast.Call):
+        return None
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    if isinstance(func, ast.Name) and source.binding(func.id, func) == LOCAL:
+        return func.id
+    return None
 
 
 def _is_baddbmm(source: PythonFile, node: ast.AST) -> bool:

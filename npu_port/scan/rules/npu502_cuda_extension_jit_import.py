@@ -7,30 +7,35 @@ from typing import Iterator
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._misc import names_cuda_source, under_cuda_check
+from ._extensions import names_cuda_source
+from ._misc import under_cuda_check
 
 LOADERS = ("torch.utils.cpp_extension.load", "torch.utils.cpp_extension.load_inline")
 
 
 def jit_cuda_loads(source: PythonFile, at_import: bool) -> Iterator[ast.Call]:
-    """The ``load`` / ``load_inline`` calls that compile CUDA (``.cu`` sources, ``cuda_sources=``, ``with_cuda=True``)
-    and run at import time (``at_import``) or later, outside any check for CUDA."""
+    """The ``load`` / ``load_inline`` calls that compile CUDA and run at import time (``at_import``) or later,
+    outside any check for CUDA."""
     for call, name in source.calls():
-        if name not in LOADERS or source.at_import_time(call) != at_import or under_cuda_check(source, call):
-            continue
-        keywords = {k.arg: k.value for k in call.keywords if k.arg}
-        with_cuda = keywords.get("with_cuda")
-        if isinstance(with_cuda, ast.Constant) and with_cuda.value is False:
-            continue
-        cuda = isinstance(with_cuda, ast.Constant) and with_cuda.value is True
-        if name.endswith("load_inline"):
-            given = keywords.get("cuda_sources", call.args[2] if len(call.args) > 2 else None)
-            cuda = cuda or (given is not None and not (isinstance(given, ast.Constant) and given.value is None))
-        else:
-            given = keywords.get("sources", call.args[1] if len(call.args) > 1 else None)
-            cuda = cuda or (given is not None and names_cuda_source(source, given))
-        if cuda:
-            yield call
+        if name in LOADERS and source.at_import_time(call) == at_import and not under_cuda_check(source, call):
+            if compiles_cuda(source, call, name):
+                yield call
+
+
+def compiles_cuda(source: PythonFile, call: ast.Call, name: str) -> bool:
+    """Whether a ``load`` / ``load_inline`` call (``name``: which) compiles CUDA: ``.cu`` sources (however the
+    list is built: :func:`._extensions.names_cuda_source`), ``cuda_sources=``, ``with_cuda=True``."""
+    keywords = {k.arg: k.value for k in call.keywords if k.arg}
+    with_cuda = keywords.get("with_cuda")
+    if isinstance(with_cuda, ast.Constant) and with_cuda.value is False:
+        return False
+    if isinstance(with_cuda, ast.Constant) and with_cuda.value is True:
+        return True
+    if name.endswith("load_inline"):
+        given = keywords.get("cuda_sources", call.args[2] if len(call.args) > 2 else None)
+        return given is not None and not (isinstance(given, ast.Constant) and given.value is None)
+    given = keywords.get("sources", call.args[1] if len(call.args) > 1 else None)
+    return given is not None and names_cuda_source(source, given)
 
 
 @register_rule
