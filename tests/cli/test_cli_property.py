@@ -286,7 +286,10 @@ def bad_arguments(command: str, p: Dict[str, str]):
         return ["scan", p["script.py"]], st.one_of(
             _option("--jobs", st.one_of(st.integers(max_value=0).map(str), st.sampled_from(NOT_INTEGERS))),
             _option("--format", _unknown(("text", "json", "csv", "sarif"))),
-            _option("--fail-on", _unknown(("import", "runtime", "handled", "perf", "info", "never"))),
+            _option(
+                "--fail-on",
+                _unknown(("import", "runtime", "handled", "perf", "deprecated", "guarded", "info", "never")),
+            ),
             _option("--output", _path(p, *unwritable_file)),
             _unknown_option(),
         )

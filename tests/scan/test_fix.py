@@ -791,7 +791,7 @@ def test_a_call_over_several_lines_keeps_its_layout_and_trailing_comma(tmp_path)
     )
 
 
-def test_amp_forms_that_cannot_be_fixed_safely_stay_manual_and_cuda_guarded_ones_are_not_reported(tmp_path):
+def test_amp_forms_that_cannot_be_fixed_safely_stay_manual_and_cuda_guarded_ones_are_fixed_as_guarded(tmp_path):
     source = (
         "import torch\n"
         "def run(model, x, args, options, rank, use_cuda):\n"
@@ -816,7 +816,6 @@ def test_amp_forms_that_cannot_be_fixed_safely_stay_manual_and_cuda_guarded_ones
         "        return x * 2\n"
     )
     one = fixed(tmp_path, source)
-    assert one.new is None
     left = sorted((f.line, f.code, f.fix) for f in one.left if f.code in ("NPU307", "NPU308", "NPU309"))
     assert left == [
         (3, "NPU307", "manual"),
@@ -826,6 +825,20 @@ def test_amp_forms_that_cannot_be_fixed_safely_stay_manual_and_cuda_guarded_ones
         (11, "NPU308", "manual"),
         (12, "NPU309", "manual"),
         (20, "NPU307", "manual"),
+    ]
+    # behind `if torch.cuda.is_available():` the same forms are guarded findings, and their safe fixes are made
+    assert sorted((f.line, f.code, f.severity) for f in one.fixed) == [
+        (14, "NPU307", "guarded"),
+        (15, "NPU308", "guarded"),
+        (16, "NPU309", "guarded"),
+    ]
+    lines = one.new.splitlines()
+    guard = lines.index("    if torch.cuda.is_available():")
+    assert lines[guard : guard + 4] == [
+        "    if torch.cuda.is_available():",
+        "        with npu_port.device.autocast(dtype=torch.float16, cache_enabled=True):",
+        "            scaler = npu_port.device.grad_scaler()",
+        "            gen = torch.Generator(npu_port.get_device().type)",
     ]
 
 
@@ -905,7 +918,9 @@ def test_the_fixed_amp_step_computes_on_the_cpu_what_the_original_does_under_npu
     (tmp_path / "original.py").write_text(AMP_SCRIPT)
     (tmp_path / "fixed.py").write_text(AMP_SCRIPT)
     (one,) = fix([str(tmp_path / "fixed.py")], write=True)
-    assert sorted({f.code for f in one.fixed}) == ["NPU307", "NPU308", "NPU309"] and one.left == []
+    assert sorted({f.code for f in one.fixed}) == ["NPU307", "NPU308", "NPU309"]
+    assert [(f.code, f.line) for f in one.left] == [("NPU317", 4)]  # the deprecated import: its names are replaced
+    assert "torch.cuda.amp" not in (tmp_path / "fixed.py").read_text()  # ... and it goes with them
     redirected = _amp_run(tmp_path, "original.py", "redirected.pt", "--device", "cpu")
     plain = _amp_run(tmp_path, "original.py", "plain.pt", fails="RuntimeError: Cannot get CUDA generator")
     for name, results in (("fixed", "fixed.pt"), ("fixed-under-run", "fixed-run.pt")):

@@ -207,6 +207,14 @@ def live_cuda_literal(source: "PythonFile", node: Optional[ast.AST]) -> bool:
     return any(not cuda_guarded(source, part) for part in cuda_literal_parts(node))
 
 
+def literal_part(source: "PythonFile", node: ast.AST) -> ast.AST:
+    """The part of a CUDA device literal whose guard decides the finding's: one that runs without CUDA when there is
+    one (the finding is not guarded), else the first (``"cuda" if torch.cuda.is_available() else "cpu"``: guarded by
+    that test)."""
+    parts = cuda_literal_parts(node)
+    return next((part for part in parts if not cuda_guarded(source, part)), parts[0] if parts else node)
+
+
 def keyword(call: ast.Call, name: str) -> Optional[ast.AST]:
     for item in call.keywords:
         if item.arg == name:
@@ -269,7 +277,8 @@ def at_import_time(source: "PythonFile", node: ast.AST) -> bool:
 # makes with them (the body of ``if torch.cuda.is_available():``, the right of ``is_available() and ...``, what follows
 # ``if not is_available(): return``) never runs on an NPU or a CPU — nor under ``npu-port run`` unless
 # ``--cuda-available`` makes the test True, and then the redirect answers it. The rules about what npu-port run handles
-# skip such code: NPU306 on the test is the whole story. A test whose False answer stops the program (``assert``,
+# report such code at severity ``guarded``, naming the test (:func:`guarded_finding`): the guard may be all that keeps
+# the program running, and the user sees every CUDA-only line. A test whose False answer stops the program (``assert``,
 # ``raise``) is NPU315's, and the code after it is reported as usual: porting the program means porting it.
 
 AVAILABILITY = ("is_available", "device_count")
@@ -392,13 +401,18 @@ def _ending(body: List[ast.stmt], source: "PythonFile") -> Optional[str]:
 
 
 def cuda_guarded(source: "PythonFile", node: ast.AST) -> bool:
-    """Whether ``node`` is the CUDA side of a choice between CUDA and another path, taken only where ``torch.cuda``
-    says CUDA is available: the body of ``if torch.cuda.is_available():`` (or the ``else`` of ``if not ...``), the
-    chosen branch of ``X if torch.cuda.is_available() else Y``, the right of ``torch.cuda.is_available() and``, the
-    code after ``if not torch.cuda.is_available(): return`` in the same block.
+    """Whether ``node`` is the CUDA side of a choice between CUDA and another path (:func:`cuda_guard`)."""
+    return cuda_guard(source, node) is not None
 
-    Code after ``assert torch.cuda.is_available()`` or beside ``else: raise`` is not: there is no other path, the
-    program requires CUDA (NPU315), and porting it means porting that code too."""
+
+def cuda_guard(source: "PythonFile", node: ast.AST) -> Optional[ast.AST]:
+    """The test that makes ``node`` the CUDA side of a choice between CUDA and another path, taken only where
+    ``torch.cuda`` says CUDA is available: the body of ``if torch.cuda.is_available():`` (or the ``else`` of ``if not
+    ...``), the chosen branch of ``X if torch.cuda.is_available() else Y``, the right of ``torch.cuda.is_available()
+    and``, the code after ``if not torch.cuda.is_available(): return`` in the same block; None when there is none.
+
+    Code after ``assert torch.cuda.is_available()`` or beside ``else: raise`` is not guarded: there is no other path,
+    the program requires CUDA (NPU315), and porting it means porting that code too."""
     child, parent = node, source.parents.get(node)
     while parent is not None:
         if isinstance(parent, ast.If):
@@ -407,33 +421,36 @@ def cuda_guarded(source: "PythonFile", node: ast.AST) -> bool:
                 and _ending(parent.orelse, source) != "stops"
                 and cuda_when(source, parent.test, True) is True
             ):
-                return True
+                return parent.test
             if (
                 any(s is child for s in parent.orelse)
                 and _ending(parent.body, source) != "stops"
                 and cuda_when(source, parent.test, False) is True
             ):
-                return True
+                return parent.test
         elif isinstance(parent, ast.IfExp):
             if child is parent.body and cuda_when(source, parent.test, True) is True:
-                return True
+                return parent.test
             if child is parent.orelse and cuda_when(source, parent.test, False) is True:
-                return True
+                return parent.test
         elif isinstance(parent, ast.BoolOp):
             before = parent.values[: next((i for i, v in enumerate(parent.values) if v is child), 0)]
             reached_when = isinstance(parent.op, ast.And)  # `a and b`: b runs when a was truthy; `a or b`: falsy
-            if any(cuda_when(source, value, reached_when) is True for value in before):
-                return True
-        if isinstance(child, ast.stmt) and _after_a_cuda_return(source, parent, child):
-            return True
+            for value in before:
+                if cuda_when(source, value, reached_when) is True:
+                    return value
+        if isinstance(child, ast.stmt):
+            test = _after_a_cuda_return(source, parent, child)
+            if test is not None:
+                return test
         child, parent = parent, source.parents.get(parent)
-    return False
+    return None
 
 
-def _after_a_cuda_return(source: "PythonFile", parent: ast.AST, statement: ast.stmt) -> bool:
-    """Whether a statement before ``statement`` in its block returns (or continues, breaks) unless CUDA is available
-    (``if not torch.cuda.is_available(): return 0``)."""
-    blocks: Dict[int, Tuple[int, Dict[int, int]]] = source.cached("cuda_returns", dict)
+def _after_a_cuda_return(source: "PythonFile", parent: ast.AST, statement: ast.stmt) -> Optional[ast.AST]:
+    """The test of a statement before ``statement`` in its block that returns (or continues, breaks) unless CUDA is
+    available (``if not torch.cuda.is_available(): return 0``); None when there is none."""
+    blocks: Dict[int, Tuple[int, Dict[int, int], Optional[ast.AST]]] = source.cached("cuda_returns", dict)
     for name in ("body", "orelse", "finalbody"):
         block = getattr(parent, name, None)
         if not isinstance(block, list) or not block:
@@ -449,11 +466,57 @@ def _after_a_cuda_return(source: "PythonFile", parent: ast.AST, statement: ast.s
                 ),
                 len(block),
             )
-            blocks[id(block)] = (first, {id(s): i for i, s in enumerate(block)})
-        first, positions = blocks[id(block)]
+            test = block[first].test if first < len(block) else None  # type: ignore[attr-defined]
+            blocks[id(block)] = (first, {id(s): i for i, s in enumerate(block)}, test)
+        first, positions, test = blocks[id(block)]
         if id(statement) in positions:
-            return first < positions[id(statement)]
-    return False
+            return test if first < positions[id(statement)] else None
+    return None
+
+
+def guard_note(source: "PythonFile", node: ast.AST) -> Optional[str]:
+    """`` (guarded by `torch.cuda.is_available()` on line 12)`` when ``node`` is on the CUDA side of an availability
+    test (:func:`cuda_guard`): what a ``guarded`` finding adds to its message; None when it is not."""
+    test = cuda_guard(source, node)
+    if test is None:
+        return None
+    text = " ".join(ast.unparse(test).split())
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f" (guarded by `{text}` on line {test.lineno})"  # type: ignore[attr-defined]
+
+
+def guarded_finding(
+    source: "PythonFile",
+    rule: Any,
+    node: ast.AST,
+    message: Optional[str] = None,
+    at: Optional[ast.AST] = None,
+    **kw: Any,
+) -> Any:
+    """``source.finding(rule, node, message, ...)``, at severity ``guarded`` with the guard named in the message when
+    ``node`` (or ``at``, where the CUDA-only part is: :func:`literal_part`) runs only where CUDA is available — the
+    guard may be all that keeps the program running without CUDA: the line is shown, below the ones that break. The
+    fix kind stays: a safe rewrite is as good there."""
+    note = guard_note(source, node if at is None else at)
+    if note is None:
+        return source.finding(rule, node, message, **kw)
+    text = message or rule.message
+    at = _first_colon(text)  # "... raises without CUDA (guarded by ...): use ..." reads as one sentence
+    text = text[:at] + note + text[at:]
+    return source.finding(rule, node, text, **{**kw, "severity": "guarded"})
+
+
+def _first_colon(text: str) -> int:
+    """Where the first ``": "`` or ``"; "`` outside backticks is in ``text`` (its length when there is none): the end
+    of what breaks, before what to do."""
+    quoted = False
+    for index, char in enumerate(text):
+        if char == "`":
+            quoted = not quoted
+        elif char in ":;" and not quoted and text[index + 1 : index + 2] in (" ", ""):
+            return index
+    return len(text)
 
 
 def cuda_branch_note(source: "PythonFile", node: ast.AST) -> str:

@@ -7,7 +7,7 @@ from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import cuda_guarded
+from ._device import guarded_finding
 
 #: Methods giving a storage, whose ``.cuda()`` has no ``.to(device)`` equivalent.
 STORAGES = ("untyped_storage", "storage", "_typed_storage")
@@ -45,7 +45,6 @@ class CudaMethod(Rule):
                 isinstance(node.func, ast.Attribute)
                 and node.func.attr == "cuda"
                 and source.resolve(node.func.value) not in ("torch", "torch.cuda")  # torch.cuda is the module
-                and not cuda_guarded(source, node)  # under `if torch.cuda.is_available():` NPU306 says it all
             ):
                 receiver = node.func.value
                 if (
@@ -53,7 +52,8 @@ class CudaMethod(Rule):
                     and isinstance(receiver.func, ast.Attribute)
                     and (receiver.func.attr in STORAGES)
                 ):  # a storage's .cuda(): its .to() takes no device
-                    yield source.finding(
+                    yield guarded_finding(
+                        source,
                         self,
                         node,
                         "`storage.cuda()` raises without CUDA and npu-port run does not redirect it: move the tensor "
@@ -62,7 +62,8 @@ class CudaMethod(Rule):
                         severity="runtime",
                     )
                 elif node.args or any(k.arg in ("device", None) for k in node.keywords):  # a device index or **kw
-                    yield source.finding(
+                    yield guarded_finding(
+                        source,
                         self,
                         node,
                         "`.cuda(device)` needs a CUDA device; move to the device the project picks for this rank "
@@ -70,7 +71,8 @@ class CudaMethod(Rule):
                         fix="manual",
                     )
                 elif _own_cuda_method(source):
-                    yield source.finding(
+                    yield guarded_finding(
+                        source,
                         self,
                         node,
                         "`.cuda()` needs a CUDA device; this file defines a `cuda()` method of its own, so the "
@@ -78,7 +80,7 @@ class CudaMethod(Rule):
                         fix="manual",
                     )
                 else:
-                    yield source.finding(self, node)
+                    yield guarded_finding(source, self, node)
 
     def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
         """``x.cuda(non_blocking=...)`` -> ``x.to(npu_port.get_device().type, non_blocking=...)``."""

@@ -6,7 +6,7 @@ from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import HELPERS, call_text, classify, live_cuda_calls
+from ._device import HELPERS, call_text, classify, cuda_calls, guarded_finding
 
 
 @register_rule
@@ -37,12 +37,15 @@ class CudaSyncMemory(Rule):
     fix_replaces = tuple(f"torch.cuda.{name}" for name in HELPERS)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for call, name in live_cuda_calls(source):
+        for call, name in cuda_calls(source):
             helper = HELPERS.get(name)
             if helper is not None:
                 does = "raises" if classify(name) == "raises" else "does nothing for the NPU"
-                yield source.finding(
-                    self, call, f"{call_text(name)} {does} without CUDA: use `{helper}()` (npu-port run redirects it)"
+                yield guarded_finding(
+                    source,
+                    self,
+                    call,
+                    f"{call_text(name)} {does} without CUDA: use `{helper}()` (npu-port run redirects it)",
                 )
 
     def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:

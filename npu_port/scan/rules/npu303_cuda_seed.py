@@ -6,7 +6,7 @@ from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import call_text, live_cuda_calls
+from ._device import call_text, cuda_calls, guarded_finding
 
 SEEDING = ("manual_seed", "manual_seed_all", "seed", "seed_all")
 
@@ -40,9 +40,10 @@ class CudaSeed(Rule):
     fix_replaces = tuple(f"torch.cuda.{name}" for name in SEEDING)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for call, name in live_cuda_calls(source):
+        for call, name in cuda_calls(source):
             if name in SEEDING:
-                yield source.finding(
+                yield guarded_finding(
+                    source,
                     self,
                     call,
                     f"{call_text(name)} seeds CUDA only (a no-op without it): use `torch.manual_seed()` or "

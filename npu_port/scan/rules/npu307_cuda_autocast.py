@@ -7,7 +7,7 @@ from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import AUTOCAST, argument, cuda_guarded, live_cuda_literal, without_device
+from ._device import AUTOCAST, argument, guarded_finding, is_cuda_literal, literal_part, without_device
 
 #: ``torch.cuda.amp.autocast`` under the names it is imported by.
 CUDA_AMP_AUTOCAST = ("torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast")
@@ -58,24 +58,26 @@ class CudaAutocast(Rule):
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, qualified in source.calls():
+            at: ast.AST = call
             if qualified in CUDA_AMP_AUTOCAST:
-                if cuda_guarded(source, call):
-                    continue
                 first = call.args[0] if call.args else None  # a string there would read as a device in rewrite()
                 text = isinstance(first, ast.Constant) and isinstance(first.value, str)
                 fixable = _plain_arguments(call, LEGACY, keywords=False) and not text
-            elif qualified in AUTOCAST and live_cuda_literal(source, argument(call, 0, "device_type")):
+            elif qualified in AUTOCAST and is_cuda_literal(argument(call, 0, "device_type")):
                 device = argument(call, 0, "device_type")
+                at = literal_part(source, device)  # type: ignore[arg-type]
                 plain = isinstance(device, ast.Constant) and device.value == "cuda"  # "cuda:0" is no device type
                 fixable = plain and _plain_arguments(call, ("device_type", *MODERN), keywords=True)
             else:
                 continue
-            yield source.finding(
+            yield guarded_finding(
+                source,
                 self,
                 call,
                 "autocast for CUDA warns and runs disabled (float32) elsewhere: use `npu_port.device.autocast(...)`, "
                 "torch.autocast for the detected device (npu-port run redirects it)",
                 fix=None if fixable and not _scripted(source, call) else "manual",
+                at=at,
             )
 
     def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:

@@ -7,7 +7,7 @@ from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import GRAD_SCALER, argument, cuda_guarded, live_cuda_literal, without_device
+from ._device import GRAD_SCALER, argument, guarded_finding, is_cuda_literal, literal_part, without_device
 
 #: ``torch.cuda.amp.GradScaler`` under the names it is imported by.
 CUDA_AMP_SCALER = ("torch.cuda.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler")
@@ -46,25 +46,27 @@ class CudaGradScaler(Rule):
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, qualified in source.calls():
+            at: ast.AST = call
             if qualified in CUDA_AMP_SCALER:
-                if cuda_guarded(source, call):
-                    continue
                 first = call.args[0] if call.args else None  # a string there would read as a device in rewrite()
                 fixable = not (isinstance(first, ast.Constant) and isinstance(first.value, str))
             elif qualified in GRAD_SCALER:
                 device = argument(call, 0, "device")  # None: "cuda", torch.amp.GradScaler's default
-                if not (not cuda_guarded(source, call) if device is None else live_cuda_literal(source, device)):
+                if device is not None and not is_cuda_literal(device):
                     continue
+                at = call if device is None else literal_part(source, device)
                 plain = device is None or (isinstance(device, ast.Constant) and device.value == "cuda")
                 fixable = plain and not any(isinstance(a, ast.Starred) for a in call.args)
             else:
                 continue
-            yield source.finding(
+            yield guarded_finding(
+                source,
                 self,
                 call,
                 "a GradScaler for CUDA warns and runs disabled elsewhere: use `npu_port.device.grad_scaler(...)`, "
                 "the scaler for the detected device (npu-port run redirects it)",
                 fix=None if fixable else "manual",
+                at=at,
             )
 
     def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:

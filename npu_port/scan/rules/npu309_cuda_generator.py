@@ -6,7 +6,7 @@ from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import GENERATOR, argument, live_cuda_literal
+from ._device import GENERATOR, argument, guarded_finding, is_cuda_literal, literal_part
 from .npu310_cuda_device_literal import CudaDeviceLiteral
 from .npu310_cuda_device_literal import _plain as plain_literal
 
@@ -42,13 +42,15 @@ class CudaGenerator(Rule):
     def check(self, source: PythonFile) -> Iterator[Finding]:
         for call, qualified in source.calls():
             device = argument(call, 0, "device")
-            if qualified in GENERATOR and live_cuda_literal(source, device):
-                yield source.finding(
+            if qualified in GENERATOR and is_cuda_literal(device):
+                yield guarded_finding(
+                    source,
                     self,
                     call,
                     '`torch.Generator("cuda")` raises without CUDA: use '
                     "`torch.Generator(npu_port.get_device().type)` (npu-port run redirects it)",
                     fix=None if plain_literal(device) else "manual",
+                    at=literal_part(source, device),  # type: ignore[arg-type]
                 )
 
     def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:

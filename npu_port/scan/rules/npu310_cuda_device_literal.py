@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
@@ -13,12 +13,20 @@ from ._device import (
     GENERATOR,
     GRAD_SCALER,
     argument,
+    guarded_finding,
     is_cuda_literal,
-    live_cuda_literal,
+    literal_part,
     single_value,
 )
 
 _INDEXED = re.compile(r"cuda:\d+")
+LITERAL = (
+    "a CUDA device literal raises without CUDA: use `npu_port.get_device().type` (npu-port run maps it to the target)"
+)
+DICT_VALUE = (
+    "a CUDA device as a dict value raises without CUDA where it is used as a device: use "
+    "`npu_port.get_device().type` (npu-port run maps it to the target)"
+)
 
 
 def _plain(node: ast.AST) -> bool:
@@ -74,9 +82,10 @@ class CudaDeviceLiteral(Rule):
     "cuda:0"}``: the keys are kept), ``device = "cuda"`` / ``DEVICE = "cuda"`` / ``self.device = f"cuda:{rank}"``,
     a ``device="cuda"`` / ``device_map="cuda"`` parameter default, an argparse ``--device`` option defaulting to
     ``"cuda"``, a name of any spelling assigned ``"cuda"`` once and used in one of these places (reported where it
-    is assigned); also ``"cuda:" + str(i)``, ``"cuda:{}".format(i)`` and ``"cuda" if ... else "cpu"``. The string
-    ``"cuda"`` anywhere else (a log message, a dict key) is not reported, nor the ``"cuda"`` of ``"cuda" if
-    torch.cuda.is_available() else "cpu"`` (chosen only where CUDA is: NPU306 reports the test).
+    is assigned), a dict's value anywhere (``{512: "cuda"}``, ``dict(unet="cuda:0")``: a table of devices); also
+    ``"cuda:" + str(i)``, ``"cuda:{}".format(i)`` and ``"cuda" if ... else "cpu"``. The string ``"cuda"`` anywhere else
+    (a log message, a dict key) is not reported; the ``"cuda"`` of ``"cuda" if torch.cuda.is_available() else "cpu"``
+    is chosen only where CUDA is: reported as ``guarded``, naming the test.
 
     Tensors and modules sent there raise without CUDA ("Torch not compiled with CUDA enabled"). ``npu-port run``'s
     redirect maps these devices to the target in every place torch takes one; ``npu-port fix`` writes
@@ -100,26 +109,35 @@ class CudaDeviceLiteral(Rule):
     triggers = ("cuda",)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        found: Dict[int, ast.AST] = {}  # a constant used as a device in several places is reported once
+        found: Dict[int, Tuple[ast.AST, str]] = {}  # a constant used as a device in several places: reported once
         for call, qualified in source.calls():
             for value in self._in_call(call, qualified):
                 literal = _literal(source, value)
-                if literal is not None and live_cuda_literal(source, literal):
-                    found.setdefault(id(literal), literal)
-        for node in source.of(ast.Assign, ast.AnnAssign, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda):
+                if literal is not None:
+                    found.setdefault(id(literal), (literal, LITERAL))
+            if qualified is None and isinstance(call.func, ast.Name) and call.func.id == "dict":  # dict(gpu="cuda")
+                for item in call.keywords:
+                    if item.arg is not None and is_cuda_literal(item.value):
+                        found.setdefault(id(item.value), (item.value, DICT_VALUE))
+        for node in source.of(ast.Assign, ast.AnnAssign, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Dict):
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if any(_device_name(_target_name(t) or "") for t in targets) and live_cuda_literal(source, node.value):
-                    found.setdefault(id(node.value), node.value)
+                if any(_device_name(_target_name(t) or "") for t in targets) and is_cuda_literal(node.value):
+                    found.setdefault(id(node.value), (node.value, LITERAL))
+            elif isinstance(node, ast.Dict):  # {512: "cuda"}: a table of devices (the keys are tags: kept)
+                for value in node.values:
+                    if is_cuda_literal(value):
+                        found.setdefault(id(value), (value, DICT_VALUE))
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 yield from self._in_defaults(source, node.args)
-        for literal in sorted(found.values(), key=lambda n: (n.lineno, n.col_offset)):
-            yield source.finding(
+        for literal, message in sorted(found.values(), key=lambda n: (n[0].lineno, n[0].col_offset)):
+            yield guarded_finding(
+                source,
                 self,
                 literal,
-                "a CUDA device literal raises without CUDA: use `npu_port.get_device().type` "
-                "(npu-port run maps it to the target)",
+                message,
                 fix=None if _plain(literal) else "manual",
+                at=literal_part(source, literal),
             )
 
     def _in_call(self, call: ast.Call, qualified: Optional[str]) -> List[ast.AST]:
@@ -147,13 +165,15 @@ class CudaDeviceLiteral(Rule):
         pairs = list(zip(positional[len(positional) - len(arguments.defaults) :], arguments.defaults))
         pairs += [(a, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None]
         for parameter, default in pairs:
-            if _device_name(parameter.arg) and live_cuda_literal(source, default):
-                yield source.finding(
+            if _device_name(parameter.arg) and is_cuda_literal(default):
+                yield guarded_finding(
+                    source,
                     self,
                     default,
                     "a CUDA device default raises without CUDA: default to None and use `npu_port.get_device()` "
                     "(npu-port run maps it to the target)",
                     fix="manual",  # a default is evaluated at import: the device must be looked up at call time
+                    at=literal_part(source, default),
                 )
 
     fix_imports = ("npu_port",)

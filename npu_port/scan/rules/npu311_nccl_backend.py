@@ -7,7 +7,7 @@ from typing import Any, Iterator, List, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import argument, cuda_guarded, parameter_sources
+from ._device import argument, guarded_finding, parameter_sources
 
 #: Process-group constructors -> the position of their backend argument (None: keyword only).
 GROUP_FUNCTIONS = {
@@ -20,6 +20,19 @@ GROUP_FUNCTIONS = {
 }
 #: Launchers that pass their backend on to init_process_group.
 LAUNCHERS = {"deepspeed.init_distributed": "dist_backend", "deepspeed.comm.init_distributed": "dist_backend"}
+#: accelerate's kwargs handler, whose ``backend`` defaults to ``"nccl"``: ``to_kwargs()`` drops a value equal to the
+#: default, and accelerate then picks the backend for the device itself.
+ACCELERATE_KWARGS = frozenset(
+    (
+        "accelerate.InitProcessGroupKwargs",
+        "accelerate.utils.InitProcessGroupKwargs",
+        "accelerate.utils.dataclasses.InitProcessGroupKwargs",
+    )
+)
+ACCELERATE_DEFAULT = (
+    '`backend="nccl"` is accelerate\'s default, which it drops (it picks hccl / gloo for the device itself): '
+    "harmless; leave the argument out to say so"
+)
 
 
 def _nccl(node: Optional[ast.AST]) -> bool:
@@ -31,10 +44,13 @@ def _nccl(node: Optional[ast.AST]) -> bool:
 class NcclBackend(Rule):
     """``torch.distributed.init_process_group(backend="nccl")`` (also positional, ``new_group(backend="nccl")``,
     ``deepspeed.init_distributed(dist_backend="nccl")``, an argparse ``--backend`` option defaulting to
-    ``"nccl"``, a ``backend="nccl"`` parameter default of the file's own function that passes it on to one of these,
-    or ``"nccl"`` given to that parameter by the file's calls); in any case (``"NCCL"``: torch lower-cases it).
-    Not accelerate's ``InitProcessGroupKwargs(backend="nccl")``: that is its default, which ``to_kwargs()`` drops,
-    and accelerate picks hccl / gloo itself.
+    ``"nccl"``, another library's keyword named ``*backend`` given ``"nccl"`` (lightning's
+    ``DDPStrategy(process_group_backend="nccl")``, transformers' ``TrainingArguments(ddp_backend="nccl")``), a
+    ``backend="nccl"`` parameter default of the file's own function that passes it on to one of these, or ``"nccl"``
+    given to that parameter by the file's calls); in any case (``"NCCL"``: torch lower-cases it). accelerate's
+    ``InitProcessGroupKwargs(backend="nccl")`` is reported as ``info``: that is its default, which ``to_kwargs()``
+    drops, and accelerate picks hccl / gloo itself (``"NCCL"`` is not the default: it reaches torch, and is reported
+    as any other).
 
     NCCL exists only on NVIDIA GPUs: elsewhere the call raises. Ascend speaks ``hccl``, a CPU ``gloo``.
     ``npu-port run`` maps ``nccl`` to the target's backend; ``npu-port fix`` writes
@@ -68,6 +84,11 @@ class NcclBackend(Rule):
                 options = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
                 if any("backend" in option for option in options):
                     value = next((k.value for k in call.keywords if k.arg == "default"), None)
+            elif qualified is not None:  # a library's backend keyword (process_group_backend=, ddp_backend=, ...)
+                value = next((k.value for k in call.keywords if k.arg and k.arg.endswith("backend")), None)
+                if qualified in ACCELERATE_KWARGS and isinstance(value, ast.Constant) and value.value == "nccl":
+                    yield source.finding(self, value, ACCELERATE_DEFAULT, fix="manual", severity="info")
+                    continue
             if value is None:
                 continue
             branches = _branches(value)  # `"nccl" if multi_node else "gloo"`: each value it may take
@@ -76,11 +97,12 @@ class NcclBackend(Rule):
             else:  # a parameter of the file's own function, passed on: its default and what the file's calls give
                 places = [(node, kind, function) for node, kind, function in parameter_sources(source, value)]
             for node, kind, function in places:
-                if not _nccl(node) or cuda_guarded(source, node):
-                    continue  # `"nccl" if torch.cuda.is_available() else "gloo"`: chosen only where CUDA is
+                if not _nccl(node):
+                    continue
                 through = f" (passed on by `{function}` to the process group)" if function else ""
                 default = kind == "default"
-                yield source.finding(
+                yield guarded_finding(  # `"nccl" if torch.cuda.is_available() else "gloo"`: guarded by that test
+                    source,
                     self,
                     node,
                     f"`nccl`{through} exists only on NVIDIA GPUs: use `npu_port.distributed.default_backend()` "

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import live_cuda_calls
+from ._device import cuda_calls, guarded_finding
 
 
 @register_rule
@@ -33,9 +33,10 @@ class CudaSetDevice(Rule):
     triggers = ("cuda",)  # every form names cuda: torch.cuda.* or a "cuda" device
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for call, name in live_cuda_calls(source):
+        for call, name in cuda_calls(source):
             if name == "set_device":
-                yield source.finding(
+                yield guarded_finding(
+                    source,
                     self,
                     call,
                     "`torch.cuda.set_device()` raises without CUDA: use the target's, "

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import cuda_requirement, live_cuda_calls
+from ._device import cuda_calls, cuda_requirement, guarded_finding
 
 
 @register_rule
@@ -32,8 +32,8 @@ class CudaRequired(Rule):
     triggers = ("cuda",)  # every form names cuda: torch.cuda.is_available, from torch.cuda import ...
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for call, name in live_cuda_calls(source):
+        for call, name in cuda_calls(source):
             if name == "is_available":
                 why = cuda_requirement(source, call)
                 if why is not None:
-                    yield source.finding(self, call, why)
+                    yield guarded_finding(source, self, call, why)

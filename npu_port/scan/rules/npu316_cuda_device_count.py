@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import cuda_requirement, live_cuda_calls
+from ._device import cuda_calls, cuda_requirement, guarded_finding
 
 
 @register_rule
@@ -36,8 +36,8 @@ class CudaDeviceCount(Rule):
     triggers = ("device_count",)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
-        for call, name in live_cuda_calls(source):
+        for call, name in cuda_calls(source):
             if name == "device_count":
                 why = cuda_requirement(source, call)
                 if why is not None:
-                    yield source.finding(self, call, why)
+                    yield guarded_finding(source, self, call, why)

@@ -32,7 +32,7 @@ class CudaAtImport(Rule):
     project is imported, so under it these lines work; to make the module importable anywhere, move the work into
     the function that needs it (a default of ``None`` resolved inside the call). Lines that run only where CUDA is
     (under ``if torch.cuda.is_available():``, the ``"cuda"`` of ``"cuda" if torch.cuda.is_available() else "cpu"``)
-    are not reported.
+    are not reported here: importing does not fail there, and the rule of the call itself reports it as ``guarded``.
 
     Example::
 
