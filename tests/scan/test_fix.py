@@ -17,6 +17,7 @@ from npu_port.cli.main import main
 from npu_port.scan.engine import scan
 from npu_port.scan.fix import _left, fix
 from npu_port.scan.rule import Finding, Rule
+from npu_port.scan.targets import TARGETS
 
 SOURCE = """import torch
 import os  # a comment that stays
@@ -138,19 +139,19 @@ STATEMENTS = [
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.sampled_from(STATEMENTS), min_size=1, max_size=8), st.booleans())
-def test_fix_output_parses_is_idempotent_and_leaves_no_safe_fix(tmp_path_factory, statements, import_npu_port):
+@given(st.lists(st.sampled_from(STATEMENTS), min_size=1, max_size=8), st.booleans(), st.sampled_from(TARGETS))
+def test_fix_output_parses_is_idempotent_and_leaves_no_safe_fix(tmp_path_factory, statements, import_npu_port, target):
     folder = tmp_path_factory.mktemp("fix")
     path = folder / "m.py"
     head = "import npu_port\n" if import_npu_port else ""
     path.write_text(
         head + "import importlib, torch\nmodel = x = y = batch = pipe = p = None\n" + "\n".join(statements) + "\n"
     )
-    fix([str(path)], write=True)
+    fix([str(path)], write=True, target=target)
     once = path.read_text()
     ast.parse(once)
-    assert once.count("import npu_port") <= 1
-    fix([str(path)], write=True)
+    assert once.count("import npu_port") <= (1 if target == "npu-port" or import_npu_port else 0)
+    fix([str(path)], write=True, target=target)
     assert path.read_text() == once
     assert [f for f in scan([str(path)]).findings if f.fix == "safe"] == []
 
