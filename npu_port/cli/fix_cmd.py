@@ -1,4 +1,7 @@
-"""``npu-port fix PATH...``: the scan's safe fixes as a unified diff (a dry run), or applied with ``--write``."""
+"""``npu-port fix PATH...``: the scan's safe fixes as a unified diff (a dry run), or applied with ``--write``.
+
+Exit codes as ruff's: a dry run (the diff) and ``--check`` (the names of the files that would change, nothing else)
+exit 1 when something is left to fix, 0 when nothing is; ``--write`` exits 0 once every change is written."""
 
 from __future__ import annotations
 
@@ -21,12 +24,29 @@ def add_parser(commands) -> None:
     parser.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (default: .)")
     parser.add_argument("--write", action="store_true", help="change the files (default: print the diff only)")
     parser.add_argument("--unsafe-fixes", action="store_true", help="also apply fixes that may change behaviour")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing, print the files that would change; exit 1 when there are any",
+    )
+    parser.add_argument(
+        "--target",
+        choices=("torch", "npu-port"),
+        default="torch",
+        help="what the fixes call: torch's device-agnostic API (default; torch >= 2.6, else npu_port's helpers) or "
+        "npu_port's helpers",
+    )
     add_rule_selection(parser, "fix")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..scan.fix import fix
+    from ..scan.targets import resolve
 
+    if args.check and args.write:
+        sys.stderr.write("npu-port fix: --check writes nothing; drop --write or --check\n")
+        return 2
+    target, note = resolve(args.target)
     try:
         fixes = fix(
             args.paths or ["."],
@@ -34,20 +54,27 @@ def run(args: argparse.Namespace) -> int:
             ignore=codes(args.ignore),
             unsafe=args.unsafe_fixes,
             write=args.write,
+            target=target,
         )
     except KeyboardInterrupt:  # each file is replaced in one step: it is either fixed or as it was
         done = "files already fixed stay fixed, the others are unchanged" if args.write else "nothing written"
         sys.stderr.write(f"npu-port fix: interrupted; {done}\n")
         return 130
     changed = [f for f in fixes if f.new is not None]
-    if not args.write:
+    if args.check:
+        for one in changed:
+            sys.stdout.write(f"would fix {one.path}\n")
+    elif not args.write:
+        if note and changed:  # one line before the diff (git apply skips it)
+            sys.stdout.write(f"# {note}\n")
         sys.stdout.flush()
         for one in changed:  # in each file's own encoding: the diff applies to its bytes
             sys.stdout.buffer.write(one.diff_bytes())
         sys.stdout.buffer.flush()
     count = sum(len(f.fixed) for f in changed)
     verb = "fixed" if args.write else "would fix"
-    lines = [f"npu-port fix: {verb} {count} findings in {len(changed)} files"]
+    lines = [note] if note and (args.write or args.check) and changed else []
+    lines.append(f"npu-port fix: {verb} {count} findings in {len(changed)} files")
     for one in fixes:
         if one.problem:
             lines.append(f"{one.path}: {one.problem}")
@@ -67,4 +94,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.write and changed:
         lines.append("dry run: nothing written (--write applies the fixes)")
     sys.stderr.write("\n".join(lines) + "\n")
-    return 1 if any(one.unwritten for one in fixes) else 0  # asked to write, and a file could not be
+    if args.write:
+        return 1 if any(one.unwritten for one in fixes) else 0  # asked to write, and a file could not be
+    return 1 if changed else 0  # a dry run or --check with changes pending

@@ -207,7 +207,9 @@ def discover(paths: Sequence[str], patterns: Sequence[str] = ()) -> List[Tuple[s
                     found.append((path, bool(parts & set(VENDORED))))
         else:
             found.extend(_walk(root, patterns))
-        found[start:] = [(path, vendored or _links_into_vendored(path, root)) for path, vendored in found[start:]]
+        found[start:] = [
+            (_real_under(path, root), vendored or _links_into_vendored(path, root)) for path, vendored in found[start:]
+        ]
     seen = set()
     unique = []
     for path, vendored in found:  # a path given twice, or a file inside a folder also given: once
@@ -238,6 +240,19 @@ def _walk(root: Path, patterns: Sequence[str]) -> List[Tuple[str, bool]]:
             if _wanted(name, patterns) and path.is_file() and not _ignored(specs, path, False):
                 found.append((str(path), vendored))
     return found
+
+
+def _real_under(path: str, root: Path) -> str:
+    """The file a link found under ``root`` points to, spelled from ``root`` as ``path`` is, when it is inside
+    ``root``: the finding names the file that holds the code, and a file reached by its name and through a link is
+    reported once, under its own name. A link out of ``root`` keeps its own name: the file it points to is not one
+    of the paths given (``fix --write`` will not write through it), and the link is where this project uses it."""
+    if not os.path.islink(path):
+        return path
+    real, real_root = os.path.realpath(path), os.path.realpath(root)
+    if not real.startswith(real_root.rstrip(os.sep) + os.sep):
+        return path
+    return os.path.join(str(root), os.path.relpath(real, real_root))
 
 
 def _links_into_vendored(path: str, root: Path) -> bool:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
+from . import targets
 from .engine import ScanError, scan, scan_file, select_rules, split_selection
 from .rule import Finding, Rule
 
@@ -92,8 +93,10 @@ def fixable(finding: Finding, unsafe: bool) -> bool:
     return finding.fix == "safe" or (unsafe and finding.fix == "unsafe")
 
 
-def _rewrite(text: str, wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]]) -> Tuple[str, List[Finding]]:
-    """Apply the rewrites at ``wanted`` spans; returns the new text and the findings rewritten."""
+def _rewrite(
+    text: str, wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]], target: str = "npu-port"
+) -> Tuple[str, List[Finding]]:
+    """Apply the rewrites at ``wanted`` spans for ``target``; returns the new text and the findings rewritten."""
     try:
         import libcst as cst
     except ImportError as exc:
@@ -116,10 +119,12 @@ def _rewrite(text: str, wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]]) ->
     replaced_names: List[str] = []
 
     def apply(rule: Type[Rule], finding: Finding, node: Any) -> Any:
-        replaced = rule().rewrite(node, finding)
+        instance = rule()
+        instance.target = target
+        replaced = instance.rewrite(node, finding)
         if replaced is not None:
             done[finding] = None
-            imports.extend(rule.fix_imports)
+            imports.extend(targets.imports(rule.fix_imports, target))
             replaced_names.extend(rule.fix_replaces)
         return replaced
 
@@ -258,8 +263,8 @@ def _import_froms(module: Any) -> List[Any]:
     ]
 
 
-def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False) -> FileFix:
-    """Fix one file in memory (nothing is written)."""
+def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False, target: str = "npu-port") -> FileFix:
+    """Fix one file in memory (nothing is written), the rewrites written for ``target``."""
     found = scan_file(path, False, selected).findings
     data = Path(path).read_bytes()
     try:  # as the scan read it: the declared encoding, a BOM kept apart (and written back)
@@ -283,7 +288,7 @@ def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False) ->
     if not wanted:
         return result
     try:
-        new, done = _rewrite(text, wanted)
+        new, done = _rewrite(text, wanted, target)
         ast.parse(new, filename=path)
         new.encode(encoding)
     except SyntaxError as exc:  # a rule's rewrite is wrong: never write it, say so, go on with the other files
@@ -323,8 +328,11 @@ def fix(
     ignore: Sequence[str] = (),
     unsafe: bool = False,
     write: bool = False,
+    target: str = "npu-port",
 ) -> List[FileFix]:
-    """Fix every file under ``paths`` that has a fixable finding; with ``write``, replace the files atomically."""
+    """Fix every file under ``paths`` that has a fixable finding; with ``write``, replace the files atomically.
+    ``target``: what the rewrites write (:mod:`npu_port.scan.targets`; the CLI resolves ``torch`` by the installed
+    torch and passes it on)."""
     chosen = select_rules(select, ignore)
     severities = [s for s in split_selection(select)[1]]
     result = scan(paths, select=[r.code for r in chosen] + severities, ignore=split_selection(ignore)[1], jobs=1)
@@ -337,7 +345,7 @@ def fix(
                 FileFix(path, "", None, left=_left([f for f in result.findings if f.path == path], by_code, set()))
             )
             continue
-        one = fix_file(path, chosen, unsafe)
+        one = fix_file(path, chosen, unsafe, target)
         fixes.append(one)
         if write and one.new is not None:
             refusal = _not_to_write(path, roots)

@@ -121,6 +121,8 @@ class Rule:
     #: (``import flash_attn``) on a line of its own — a ``SimpleStatementLine``, with the comments above it and the
     #: line's trailing one — and returns the statements to put there (a ``try``, which no line can hold).
     rewrites_statement: ClassVar[bool] = False
+    #: What :meth:`rewrite` writes for (:mod:`npu_port.scan.targets`): ``fix`` sets it on the instance it asks.
+    target: str = "npu-port"
 
     def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
         """The libcst node to put in place of ``node`` (found exactly where ``finding`` is), or None to leave it;

@@ -297,6 +297,7 @@ def bad_arguments(command: str, p: Dict[str, str]):
         return ["fix"], st.one_of(
             _path(p, "missing").map(lambda path: [path]),
             UNICODE.map(lambda text: [os.path.join(p["missing"], text)]),
+            _option("--target", _unknown(("torch", "npu-port"))),
             _unknown_option(),
         )
     if command == "diff":

@@ -17,6 +17,7 @@ from npu_port.cli.main import main
 from npu_port.scan.engine import scan
 from npu_port.scan.fix import _left, fix
 from npu_port.scan.rule import Finding, Rule
+from npu_port.scan.targets import TARGETS
 
 SOURCE = """import torch
 import os  # a comment that stays
@@ -41,7 +42,9 @@ s = "café"; z = x.to(npu_port.get_device().type)
 def test_the_default_is_a_dry_run_printing_the_diff(tmp_path, capsys):
     path = tmp_path / "train.py"
     path.write_text(SOURCE, encoding="utf-8")
-    assert main(["fix", str(path)]) == 0
+    assert (
+        main(["fix", "--target", "npu-port", str(path)]) == 1
+    )  # a dry run with changes pending exits 1, as ruff --diff
     captured = capsys.readouterr()
     assert path.read_text(encoding="utf-8") == SOURCE  # nothing written
     assert "+model = torch.nn.Linear(2, 2).to(npu_port.get_device().type)   # trailing comment" in captured.out
@@ -53,12 +56,12 @@ def test_write_fixes_keeps_formatting_and_permissions_and_a_second_run_changes_n
     path = tmp_path / "train.py"
     path.write_text(SOURCE, encoding="utf-8")
     os.chmod(path, 0o750)
-    assert main(["fix", str(path), "--write"]) == 0
+    assert main(["fix", "--target", "npu-port", str(path), "--write"]) == 0
     assert path.read_text(encoding="utf-8") == FIXED
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o750
     assert [p.name for p in tmp_path.iterdir()] == ["train.py"]  # no temporary left behind
     before = path.read_bytes()
-    assert main(["fix", str(path), "--write"]) == 0
+    assert main(["fix", "--target", "npu-port", str(path), "--write"]) == 0
     assert path.read_bytes() == before
     assert "fixed 0 findings in 0 files" in capsys.readouterr().err
 
@@ -136,19 +139,19 @@ STATEMENTS = [
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.sampled_from(STATEMENTS), min_size=1, max_size=8), st.booleans())
-def test_fix_output_parses_is_idempotent_and_leaves_no_safe_fix(tmp_path_factory, statements, import_npu_port):
+@given(st.lists(st.sampled_from(STATEMENTS), min_size=1, max_size=8), st.booleans(), st.sampled_from(TARGETS))
+def test_fix_output_parses_is_idempotent_and_leaves_no_safe_fix(tmp_path_factory, statements, import_npu_port, target):
     folder = tmp_path_factory.mktemp("fix")
     path = folder / "m.py"
     head = "import npu_port\n" if import_npu_port else ""
     path.write_text(
         head + "import importlib, torch\nmodel = x = y = batch = pipe = p = None\n" + "\n".join(statements) + "\n"
     )
-    fix([str(path)], write=True)
+    fix([str(path)], write=True, target=target)
     once = path.read_text()
     ast.parse(once)
-    assert once.count("import npu_port") <= 1
-    fix([str(path)], write=True)
+    assert once.count("import npu_port") <= (1 if target == "npu-port" or import_npu_port else 0)
+    fix([str(path)], write=True, target=target)
     assert path.read_text() == once
     assert [f for f in scan([str(path)]).findings if f.fix == "safe"] == []
 
@@ -202,7 +205,7 @@ def test_ctrl_c_during_fix_write_leaves_each_file_fixed_or_as_it_was(tmp_path, m
         real(path, text)
 
     monkeypatch.setattr(fix_module, "_replace", replace_then_interrupt)
-    assert main(["fix", str(tmp_path), "--write"]) == 130
+    assert main(["fix", "--target", "npu-port", str(tmp_path), "--write"]) == 130
     assert "interrupted; files already fixed stay fixed, the others are unchanged" in capsys.readouterr().err
     texts = sorted(p.read_text() for p in (first, second))
     assert texts == sorted(["import torch\ndef f(x):\n    return x.cuda()\n", FIXED_SMALL])
@@ -235,7 +238,7 @@ def test_a_link_out_of_the_paths_given_and_a_read_only_file_are_not_written(tmp_
     frozen.chmod(0o444)
     normal = tmp_path / "project" / "normal.py"
     normal.write_text(source)
-    assert main(["fix", str(tmp_path / "project"), "--write"]) == 1
+    assert main(["fix", "--target", "npu-port", str(tmp_path / "project"), "--write"]) == 1
     assert outside.read_text() == source and frozen.read_text() == source and normal.read_text() == FIXED_SMALL
     err = capsys.readouterr().err
     assert f"{tmp_path / 'project' / 'lib.py'}: not written: it links to {outside}, outside the paths given" in err
@@ -250,7 +253,7 @@ def test_fix_cases_that_are_not_safe_stay_manual_and_one_bad_file_does_not_stop_
         "    s = x.untyped_storage().cuda()\n"  # a storage: its .to() takes no device
         "    return f\"{x.to('cuda:0')}\"\n"  # inside an f-string: the original quote keeps it valid
     )
-    assert main(["fix", str(tmp_path), "--write"]) == 0
+    assert main(["fix", "--target", "npu-port", str(tmp_path), "--write"]) == 0
     assert (tmp_path / "a.py").read_text() == FIXED_SMALL
     fixed_b = (tmp_path / "b.py").read_text()
     assert "x.untyped_storage().cuda()" in fixed_b
@@ -549,7 +552,7 @@ def test_what_fix_leaves_is_told_apart_manual_changes_from_what_npu_port_handles
         "def f():\n    torch.cuda.set_device(0)\n    return torch.cuda.cudart()\n",
         encoding="utf-8",
     )
-    assert main(["fix", str(path)]) == 0
+    assert main(["fix", "--target", "npu-port", str(path)]) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "npu-port fix: would fix 0 findings in 0 files"
     assert err[1] == "1 need a manual change:" and err[2].startswith(f"  {path}:10:12 NPU305 ")
@@ -565,7 +568,7 @@ def test_fix_writes_a_file_back_in_its_own_encoding_bom_included(tmp_path):
     bom.write_bytes(b"\xef\xbb\xbf" + body.encode())
     latin = tmp_path / "latin.py"
     latin.write_bytes(("# -*- coding: latin-1 -*-\n# caf\xe9\n" + body).encode("latin-1"))
-    assert main(["fix", str(tmp_path), "--write"]) == 0
+    assert main(["fix", "--target", "npu-port", str(tmp_path), "--write"]) == 0
     fixed = "import torch\nimport npu_port\n\n\ndef f(x):\n    return x.to(npu_port.get_device().type)\n"
     assert bom.read_bytes() == b"\xef\xbb\xbf" + fixed.encode()
     assert latin.read_bytes() == ("# -*- coding: latin-1 -*-\n# caf\xe9\n" + fixed).encode("latin-1")
@@ -1051,7 +1054,7 @@ def test_the_diff_applies_with_git_apply_to_crlf_form_feed_unterminated_bom_and_
         (tmp_path / name).write_bytes(data)
     monkeypatch.chdir(tmp_path)  # the diff names files relative to the working folder, as git does
     fixes = fix(["."])
-    assert main(["fix", "."]) == 0  # the diff as npu-port fix prints it
+    assert main(["fix", "--target", "npu-port", "."]) == 1  # the diff as npu-port fix prints it
     (tmp_path / "fix.patch").write_bytes(capsysbinary.readouterr().out)
     subprocess.run(["git", "init", "-q", "."], check=True)
     done = subprocess.run(["git", "apply", "fix.patch"], capture_output=True, text=True)
@@ -1123,7 +1126,7 @@ def test_fix_lists_what_no_rewrite_makes_unsafe_kinds_and_requirements_included(
         ),
         (["--unsafe-fixes"], ["npu-port fix: would fix 2 findings in 1 files"]),
     ):
-        assert main(["fix", str(tmp_path), *extra]) == 0
+        assert main(["fix", "--target", "npu-port", str(tmp_path), *extra]) == (1 if extra else 0)  # 1: changes pending
         err = [line.split()[:2] if line.startswith("  ") else line for line in capsys.readouterr().err.splitlines()]
         tail = ["dry run: nothing written (--write applies the fixes)"] if extra else []
         assert err == head + left + tail
@@ -1148,7 +1151,7 @@ def test_a_link_to_a_vendored_file_is_vendored_and_fix_leaves_the_vendored_file_
     vendored.write_text("import torch\ndef f(x):\n    return x.cuda()\n")
     (tmp_path / "attn.py").symlink_to(vendored)  # found first, by the link: it used to count as the project's
     result = scan([str(tmp_path)])
-    assert result.findings == [] and [f.path for f in result.vendored_findings] == [str(tmp_path / "attn.py")]
+    assert result.findings == [] and [f.path for f in result.vendored_findings] == [str(vendored)]  # the real file
     assert fix([str(tmp_path)], write=True) == []
     assert vendored.read_text() == "import torch\ndef f(x):\n    return x.cuda()\n"
 
@@ -1191,7 +1194,9 @@ def test_a_file_whose_folder_cannot_be_written_is_named_and_the_others_are_still
         return made(*args, dir=dir, **kwargs)
 
     monkeypatch.setattr(npu_port.atomic.tempfile, "mkstemp", mkstemp)
-    assert main(["fix", str(tmp_path), "--write"]) == 1  # it used to stop with a traceback, b_open unfixed
+    assert (
+        main(["fix", "--target", "npu-port", str(tmp_path), "--write"]) == 1
+    )  # it used to stop with a traceback, b_open unfixed
     err = capsys.readouterr().err.splitlines()
     assert err[:2] == [
         "npu-port fix: fixed 1 findings in 1 files",

@@ -334,3 +334,34 @@ def test_selecting_npu001_alone_parses_every_file_and_a_selection_of_no_rule_is_
     with pytest.raises(ScanError) as error:
         scan([str(tmp_path)], select=["NPU3"], ignore=["NPU3"])
     assert str(error.value) == "--select NPU3 --ignore NPU3 leaves no rule to run; npu-port scan --rules lists them"
+
+
+def test_a_link_is_followed_to_its_file_and_reported_there_once(tmp_path):
+    _tree(tmp_path, {"project/src/real.py": CUDA_LINE, "elsewhere/other.py": CUDA_LINE})
+    project = tmp_path / "project"
+    (project / "a_link.py").symlink_to(project / "src" / "real.py")  # sorts before the file it points to
+    (project / "src" / "z_link.py").symlink_to("real.py")  # relative
+    (project / "out.py").symlink_to(tmp_path / "elsewhere" / "other.py")  # out of the folder scanned
+    found = sorted((f.path, f.code) for f in scan([str(project)]).findings)
+    assert found == [(str(project / "out.py"), "NPU301"), (str(project / "src" / "real.py"), "NPU301")]
+    # the real file given too, by another spelling: still once
+    both = scan([str(project), str(project / "src" / "real.py")]).findings
+    assert sorted(f.path for f in both) == [str(project / "out.py"), str(project / "src" / "real.py")]
+
+
+def test_fix_writes_a_linked_file_at_its_real_path_and_never_through_a_link_out_of_the_paths_given(tmp_path):
+    from npu_port.scan.fix import fix
+
+    _tree(tmp_path, {"project/src/real.py": CUDA_LINE, "elsewhere/other.py": CUDA_LINE})
+    project = tmp_path / "project"
+    (project / "a_link.py").symlink_to(project / "src" / "real.py")
+    (project / "out.py").symlink_to(tmp_path / "elsewhere" / "other.py")
+    fixes = {f.path: f for f in fix([str(project)], write=True, target="torch")}
+    assert sorted(fixes) == [str(project / "out.py"), str(project / "src" / "real.py")]
+    assert "torch.accelerator" in (project / "src" / "real.py").read_text(encoding="utf-8")
+    assert (project / "a_link.py").is_symlink()
+    assert (
+        fixes[str(project / "out.py")].problem
+        == f"not written: it links to {tmp_path}/elsewhere/other.py, outside the paths given"
+    )
+    assert (tmp_path / "elsewhere" / "other.py").read_text(encoding="utf-8") == CUDA_LINE

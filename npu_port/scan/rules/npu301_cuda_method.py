@@ -20,7 +20,10 @@ class CudaMethod(Rule):
     ``npu-port run`` redirects it to the target device. The safe fix is ``.to(npu_port.get_device().type)``: the
     type of the device npu-port detects (``"npu"``, ``"cuda"``, ``"xpu"``, ``"mps"`` or ``"cpu"``), so on CUDA it
     is ``.to("cuda")`` — the *current* device, exactly what ``.cuda()`` means after ``torch.cuda.set_device(rank)`` —
-    with ``import npu_port`` added once.
+    with ``import npu_port`` added once — under ``npu-port fix --target npu-port``. By default (torch >= 2.6) it
+    writes torch's own ``.to((torch.accelerator.current_accelerator() if torch.accelerator.is_available() else
+    torch.device("cpu")).type)``: the same ``"cuda"`` on CUDA, ``"npu"`` with torch_npu, and ``"cpu"`` on a machine
+    with no accelerator, where ``.cuda()`` raised (see :mod:`npu_port.scan.targets`).
 
     Example::
 
@@ -83,12 +86,15 @@ class CudaMethod(Rule):
                     yield guarded_finding(source, self, node)
 
     def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
-        """``x.cuda(non_blocking=...)`` -> ``x.to(npu_port.get_device().type, non_blocking=...)``."""
+        """``x.cuda(non_blocking=...)`` -> ``x.to(<device type>, non_blocking=...)``, the device type's expression
+        the target's."""
         import libcst as cst
+
+        from ..targets import expression
 
         if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "cuda"):
             return None
-        device = cst.Arg(cst.parse_expression("npu_port.get_device().type"))
+        device = cst.Arg(cst.parse_expression(expression("device_type", self.target)))
         if node.args:
             device = device.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
         return node.with_changes(func=node.func.with_changes(attr=cst.Name("to")), args=[device, *node.args])

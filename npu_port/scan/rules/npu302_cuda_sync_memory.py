@@ -17,7 +17,12 @@ class CudaSyncMemory(Rule):
     Without CUDA, ``synchronize``, ``reset_peak_memory_stats`` and ``mem_get_info`` raise; ``empty_cache`` and the
     counters do nothing and answer 0 — on an NPU that means timings that do not wait for the device and memory
     reports that are always empty. ``npu-port run``'s redirect answers them for the target; ``npu-port fix``
-    rewrites each to its ``npu_port.device`` helper (the same call on CUDA).
+    rewrites each to its ``npu_port.device`` helper (the same call on CUDA) under ``--target npu-port``. By default
+    (torch >= 2.6) it writes torch's own: ``torch.accelerator.synchronize()``, and the memory calls on
+    ``torch.get_device_module()`` (the CUDA module on CUDA, torch_npu's on an NPU; ``torch.accelerator``'s memory
+    functions need torch 2.9), each but ``mem_get_info`` guarded by ``torch.accelerator.is_available()`` with what
+    a CPU has to say — ``None`` for the actions, ``0`` for the counters — where the original raised or answered 0.
+    ``mem_get_info`` has no CPU answer: it raises there, as before.
 
     Example::
 
@@ -55,7 +60,19 @@ class CudaSyncMemory(Rule):
         synchronize as sync``; ``from torch.cuda import empty_cache as synchronize`` is no synchronize)."""
         import libcst as cst
 
+        from ..targets import AVAILABLE, CPU_ANSWER, expression
+
         helper = next((h for h in HELPERS.values() if f"`{h}()`" in finding.message), None)
         if helper is None or not (isinstance(node, cst.Call) and isinstance(node.func, (cst.Name, cst.Attribute))):
             return None
-        return node.with_changes(func=cst.parse_expression(helper))
+        name = helper.rsplit(".", 1)[1]
+        call = node.with_changes(func=cst.parse_expression(expression(name, self.target)))
+        if self.target != "torch" or name not in CPU_ANSWER:
+            return call
+        return cst.IfExp(  # parenthesised: it stands wherever the call stood
+            test=cst.parse_expression(AVAILABLE),
+            body=call.with_changes(lpar=[], rpar=[]),
+            orelse=cst.parse_expression(CPU_ANSWER[name]),
+            lpar=node.lpar or [cst.LeftParen()],
+            rpar=node.rpar or [cst.RightParen()],
+        )

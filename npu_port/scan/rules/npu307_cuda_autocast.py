@@ -35,7 +35,9 @@ class CudaAutocast(Rule):
     raises on entering with float16, and mps has no autocast before torch 2.5. Left to fix by hand: a device other
     than a plain ``"cuda"`` (``"cuda" if ... else "cpu"``), arguments unpacked from ``*args`` (or ``**kwargs`` for
     ``torch.cuda.amp.autocast``, whose dtype default must be written), and functions compiled with
-    ``@torch.jit.script``, which cannot call a Python helper.
+    ``@torch.jit.script``, which cannot call a Python helper. That is ``--target npu-port``; by default (torch >=
+    2.6) ``fix`` writes torch's own ``torch.autocast(<device type>, ...)`` with NPU310's device expression and the
+    same arguments (CUDA's autocast on CUDA; on a CPU, CPU autocast).
 
     Example::
 
@@ -88,13 +90,15 @@ class CudaAutocast(Rule):
         argument is ``enabled``."""
         import libcst as cst
 
+        from ..targets import call_for, expression
+
         if not isinstance(node, cst.Call):
             return None
-        func = cst.parse_expression("npu_port.device.autocast")
+        func = cst.parse_expression(expression("autocast", self.target))
         equal = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
         modern = without_device(node, "device_type")
         if modern is not None:
-            return node.with_changes(func=func, args=modern)
+            return node.with_changes(func=func, args=call_for("autocast", self.target, modern))
         args = list(node.args)
         named = [
             arg.with_changes(keyword=cst.Name(LEGACY[index]), equal=equal) if arg.keyword is None else arg
@@ -110,7 +114,7 @@ class CudaAutocast(Rule):
             for position, (name, value) in enumerate(missing):
                 comma = last if position == len(missing) - 1 else separator
                 named.append(cst.Arg(cst.parse_expression(value), keyword=cst.Name(name), equal=equal, comma=comma))
-        return node.with_changes(func=func, args=named)
+        return node.with_changes(func=func, args=call_for("autocast", self.target, named))
 
 
 #: What ``torch.cuda.amp.autocast`` passes ``torch.autocast`` when it is given nothing.

@@ -25,7 +25,10 @@ class CudaGradScaler(Rule):
     helper, not ``torch.amp.GradScaler(npu_port.get_device().type, ...)``, because that class exists from torch 2.3
     only, and on an NPU the scaler to use is torch_npu's, which also sees overflow on chips that saturate instead of
     giving inf (see :func:`npu_port.device.grad_scaler`). Left to fix by hand: a device other than a plain ``"cuda"``,
-    and ``torch.amp.GradScaler(*args)`` (the device may be in ``args``).
+    and ``torch.amp.GradScaler(*args)`` (the device may be in ``args``). That is ``--target npu-port``; by default
+    (torch >= 2.6, where ``torch.amp.GradScaler`` takes any device) ``fix`` writes torch's own
+    ``torch.amp.GradScaler(<device type>, ...)`` with NPU310's device expression: CUDA's scaler on CUDA, the NPU's
+    with torch_npu, the CPU's (enabled) where there is no accelerator.
 
     Example::
 
@@ -76,8 +79,12 @@ class CudaGradScaler(Rule):
         fix safe only where it is a plain ``"cuda"`` (``torch.cuda.amp.GradScaler`` takes neither)."""
         import libcst as cst
 
+        from ..targets import call_for, expression
+
         if not isinstance(node, cst.Call):
             return None
-        func = cst.parse_expression("npu_port.device.grad_scaler")
+        func = cst.parse_expression(expression("grad_scaler", self.target))
         args = without_device(node, "device")
-        return node.with_changes(func=func, args=node.args if args is None else args)
+        return node.with_changes(
+            func=func, args=call_for("grad_scaler", self.target, list(node.args if args is None else args))
+        )

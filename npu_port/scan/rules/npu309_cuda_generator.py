@@ -19,7 +19,8 @@ class CudaGenerator(Rule):
     makes the generator on the target. ``npu-port fix`` rewrites the device as NPU310 rewrites a device literal:
     ``torch.Generator(npu_port.get_device().type)`` — ``"cuda"`` on CUDA, the same generator, on the current device
     as before (``npu_port.get_device()`` would be ``cuda:0``); ``"npu"`` on an NPU, where torch_npu makes NPU
-    generators; ``"cpu"`` on a CPU. ``"cuda:1"`` keeps its index. ``torch.Generator(device=torch.device("cuda"))`` is
+    generators; ``"cpu"`` on a CPU (by default torch's own device-agnostic expression, see NPU310).
+    ``"cuda:1"`` keeps its index. ``torch.Generator(device=torch.device("cuda"))`` is
     NPU310's (its ``"cuda"`` is a ``torch.device`` argument), fixed the same way. Left to fix by hand: an f-string or
     ``"cuda" if ... else "cpu"`` (which device is the project's choice). Note that a generator on another device
     draws a different random stream than CUDA's for the same seed.
@@ -62,7 +63,9 @@ class CudaGenerator(Rule):
             return None
         for index, arg in enumerate(node.args):
             if (arg.keyword is None and index == 0) or (arg.keyword is not None and arg.keyword.value == "device"):
-                device = CudaDeviceLiteral().rewrite(arg.value, finding)  # None unless a plain "cuda" / "cuda:N"
+                literal = CudaDeviceLiteral()
+                literal.target = self.target
+                device = literal.rewrite(arg.value, finding)  # None unless a plain "cuda" / "cuda:N"
                 if device is None:
                     return None
                 args = list(node.args)

@@ -90,7 +90,10 @@ class CudaDeviceLiteral(Rule):
     Tensors and modules sent there raise without CUDA ("Torch not compiled with CUDA enabled"). ``npu-port run``'s
     redirect maps these devices to the target in every place torch takes one; ``npu-port fix`` writes
     ``npu_port.get_device().type`` for ``"cuda"`` and ``f"{npu_port.get_device().type}:1"`` for ``"cuda:1"`` (the same
-    strings on CUDA); a computed string or a parameter default is left to you.
+    strings on CUDA) under ``--target npu-port``; by default (torch >= 2.6) torch's own
+    ``(torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")).type``
+    (and ``f"{...}:1"``): ``"cuda"`` on CUDA, ``"npu"`` with torch_npu, ``"cpu"`` where there is no accelerator (an
+    index there stays: ``"cpu:1"`` is the CPU). A computed string or a parameter default is left to you.
 
     Example::
 
@@ -179,17 +182,22 @@ class CudaDeviceLiteral(Rule):
     fix_imports = ("npu_port",)
 
     def rewrite(self, node: Any, finding: Finding) -> Optional[Any]:
-        """``"cuda"`` -> ``npu_port.get_device().type``; ``"cuda:1"`` -> ``f"{npu_port.get_device().type}:1"`` —
-        strings still, equal to the originals on CUDA (comparisons, f-strings and ``torch.device(...)`` behave the
-        same there)."""
+        """``"cuda"`` -> the target's device type (``npu_port.get_device().type``); ``"cuda:1"`` ->
+        ``f"{<device type>}:1"`` — strings still, equal to the originals on CUDA (comparisons, f-strings and
+        ``torch.device(...)`` behave the same there)."""
         import libcst as cst
+
+        from ..targets import expression
 
         if not isinstance(node, cst.SimpleString):
             return None
         text = node.evaluated_value
+        device = expression("device_type", self.target)
         if text == "cuda":
-            return cst.parse_expression("npu_port.get_device().type")
+            return cst.parse_expression(device)
         if _INDEXED.fullmatch(text):
             quote = node.quote  # the original's: valid where it stood (inside another f-string's braces, say)
-            return cst.parse_expression(f"f{quote}{{npu_port.get_device().type}}:{text.split(':')[1]}{quote}")
+            inner = "'" if quote.startswith('"') else '"'  # the device's own strings, in the other quote
+            device = device.replace('"', inner)
+            return cst.parse_expression(f"f{quote}{{{device}}}:{text.split(':')[1]}{quote}")
         return None

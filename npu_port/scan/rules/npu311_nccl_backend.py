@@ -54,7 +54,9 @@ class NcclBackend(Rule):
 
     NCCL exists only on NVIDIA GPUs: elsewhere the call raises. Ascend speaks ``hccl``, a CPU ``gloo``.
     ``npu-port run`` maps ``nccl`` to the target's backend; ``npu-port fix`` writes
-    ``npu_port.distributed.default_backend()`` (``"nccl"`` on CUDA).
+    ``npu_port.distributed.default_backend()`` (``"nccl"`` on CUDA) under ``--target npu-port``; by default torch's
+    own ``torch.distributed.Backend.default_device_backend_map[<device type>]`` — ``"nccl"`` on CUDA, ``"hccl"``
+    where torch_npu registered it for ``"npu"``, ``"gloo"`` on a CPU.
 
     Example::
 
@@ -118,8 +120,10 @@ class NcclBackend(Rule):
         CPU)."""
         import libcst as cst
 
+        from ..targets import expression
+
         if isinstance(node, cst.SimpleString) and node.evaluated_value.lower() == "nccl":
-            return cst.parse_expression("npu_port.distributed.default_backend()")
+            return cst.parse_expression(expression("backend", self.target))
         return None
 
 

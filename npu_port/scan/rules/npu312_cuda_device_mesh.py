@@ -31,7 +31,7 @@ class CudaDeviceMesh(Rule):
 
     Without CUDA the mesh cannot be built (no CUDA device, no NCCL). ``npu-port run``'s redirect maps ``nccl``
     process groups but not the mesh's device type, so this needs the change: ``npu-port fix`` writes
-    ``init_device_mesh(npu_port.get_device().type, ...)`` (``"cuda"`` on CUDA, ``"npu"`` on Ascend) for a plain
+    ``init_device_mesh(<device type>, ...)`` as NPU310 writes it (``"cuda"`` on CUDA, ``"npu"`` on Ascend) for a plain
     ``"cuda"`` argument; a parameter default (evaluated at import) and a computed string are left to you.
 
     Example::
