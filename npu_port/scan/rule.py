@@ -196,13 +196,15 @@ def node_focus(node: ast.AST) -> Tuple[int, int]:
     """``(line, column)``, 1-based (column in UTF-8 bytes, as ast counts), of the part of ``node`` a finding points
     at — the line a reader looks for, where a statement spreads over several: the attribute name of a call or an
     attribute (``.cuda`` in ``(torch.zeros(3)\n.cuda())``), the value of a keyword (``device=\n"cuda"``), the first
-    name of an import (``from flash_attn import (\nflash_attn_func,\n)``); else where the node starts."""
+    name of a plain import (``import os, \\\nflash_attn``); else where the node starts — a ``from`` import's first
+    line, which names the module (``from flash_attn import (\nflash_attn_func,\n)``: the module is what is CUDA-only;
+    a rule about one imported name points at it with ``at=``)."""
     while True:
         if isinstance(node, ast.Call):
             node = node.func
         elif isinstance(node, ast.keyword):
             node = node.value
-        elif isinstance(node, (ast.Import, ast.ImportFrom)) and hasattr(node.names[0], "lineno"):  # Python >= 3.10
+        elif isinstance(node, ast.Import) and hasattr(node.names[0], "lineno"):  # Python >= 3.10
             node = node.names[0]
         elif isinstance(node, ast.Attribute) and node.end_lineno is not None and node.end_col_offset is not None:
             return node.end_lineno, node.end_col_offset - len(node.attr.encode("utf-8")) + 1
