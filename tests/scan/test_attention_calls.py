@@ -91,3 +91,72 @@ def test_functions_and_ops_the_drop_in_lacks_raise_attribute_error_there(express
             eval(expression, {"xops": xformers_ops_impl})
     else:
         eval(expression, {"xops": xformers_ops_impl})
+
+
+# ---- flash_attn: what the scan calls served is what the drop-in defines (NPU110 / NPU114) ----------------------------
+
+FLASH_NAMES = [
+    ("flash_attn.flash_attn_func", "flash_attn_impl"),
+    ("flash_attn.flash_attn_interface.flash_attn_varlen_func", "flash_attn_impl"),
+    ("flash_attn.flash_attn_interface._flash_attn_forward", "flash_attn_impl"),
+    ("flash_attn.flash_attn_interface._flash_attn_varlen_backward", "flash_attn_impl"),
+    ("flash_attn.flash_attn_interface._wrapped_flash_attn_forward", "flash_attn_impl"),
+    ("flash_attn.bert_padding.pad_input", "flash_attn_bert_padding"),
+    ("flash_attn.bert_padding.unpad_input", "flash_attn_bert_padding"),
+    ("flash_attn.bert_padding.index_first_axis", "flash_attn_bert_padding"),
+    ("flash_attn.bert_padding.index_put_first_axis", "flash_attn_bert_padding"),
+    ("flash_attn.bert_padding.unpad_input_for_concatenated_sequences", "flash_attn_bert_padding"),
+]
+
+
+@pytest.mark.parametrize(("qualified", "module"), FLASH_NAMES)
+def test_a_flash_attn_name_is_served_exactly_when_the_drop_in_defines_it(qualified, module):
+    import importlib
+
+    from npu_port.scan.rules._attention_calls import flash_missing
+
+    defined = hasattr(importlib.import_module(f"npu_port.dropins.{module}"), qualified.rsplit(".", 1)[-1])
+    assert (flash_missing(qualified) is None) == defined
+
+
+def test_flash_attention_3_and_unserved_modules_are_missing_as_a_whole():
+    from npu_port.scan.rules._attention_calls import flash_missing
+
+    assert flash_missing("flash_attn_interface.flash_attn_func") == "flash_attn_interface"
+    assert flash_missing("flash_attn_3.flash_attn_interface._flash_attn_forward") == "flash_attn_3"
+    assert flash_missing("flash_attn.flash_attn_triton.flash_attn_func") == "flash_attn.flash_attn_triton"
+    assert flash_missing("flash_attn.layers.rotary.apply_rotary_emb") == "flash_attn.layers"
+
+
+def test_the_names_the_scan_calls_refused_raise_drop_in_error_in_the_drop_in():
+    from npu_port.dropins import flash_attn_impl
+    from npu_port.errors import DropInError
+    from npu_port.scan.rules._attention_calls import FLASH_REFUSED
+
+    for name in FLASH_REFUSED:
+        with pytest.raises(DropInError, match=name):
+            getattr(flash_attn_impl, name)(None, None, None)
+
+
+@pytest.mark.parametrize("names", [3, 4, 5, 6])
+def test_unpad_input_unpacked_into_four_names_is_the_one_that_breaks_under_the_drop_in(tmp_path, names):
+    import torch
+
+    from npu_port.dropins.flash_attn_bert_padding import unpad_input
+
+    hidden, mask = torch.ones(2, 3, 4), torch.tensor([[1, 1, 0], [1, 0, 0]])
+    try:
+        exec(f"{', '.join(f'n{i}' for i in range(names))} = unpad_input(hidden, mask)", {"unpad_input": unpad_input,
+             "hidden": hidden, "mask": mask})  # fmt: skip
+        breaks = False
+    except ValueError:
+        breaks = True
+    path = tmp_path / "m.py"
+    targets = ", ".join(f"n{i}" for i in range(names))
+    path.write_text(
+        f"from flash_attn.bert_padding import unpad_input\ndef f(h, m):\n    {targets} = unpad_input(h, m)\n",
+        encoding="utf-8",
+    )
+    found = {(f.line, f.code) for f in scan_file(str(path), False, select_rules(["NPU110", "NPU114"])).findings}
+    assert breaks == (names != 5)  # the drop-in returns five values
+    assert found == {(3, "NPU114" if names == 4 else "NPU110")}  # four: flash-attn < 2.6's unpacking

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from npu_port.scan.engine import scan, scan_file, select_rules
-from npu_port.scan.rules._misc import flag, requirement
+from npu_port.scan.rules._misc import ON_FLAGS, flag, requirement
 
 
 def test_a_transformers_config_json_asking_for_flash_attention_2_is_reported(tmp_path):
@@ -66,3 +68,27 @@ def test_pip_install_commands_name_the_packages_they_install(command, packages):
     from npu_port.scan.rules.npu604_cuda_package_install import _installed, _words
 
     assert _installed(_words(ast.Constant(command))) == packages
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(sorted(ON_FLAGS)),
+    default=st.sampled_from(["True", "False", "None", "1", '"xformers"']),
+    keyword_only=st.booleans(),
+    annotated=st.booleans(),
+)
+def test_a_parameter_is_reported_exactly_when_it_defaults_a_flag_to_true(name, default, keyword_only, annotated):
+    """NPU653 on the default itself, for every flag name the table knows; a truthy non-``True`` default (``1``) is
+    left alone: only ``True`` is certain to switch the backend on."""
+    import tempfile
+    from pathlib import Path
+
+    annotation = ": bool" if annotated else ""
+    star = "*, " if keyword_only else ""
+    text = f"def build(model, {star}{name}{annotation} = {default}):\n    return model\n"
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "m.py"
+        path.write_text(text, encoding="utf-8")
+        found = [(f.line, f.column, f.code) for f in scan_file(str(path), False, select_rules(["NPU653"])).findings]
+    column = text.index(f"= {default}") + 3
+    assert found == ([(1, column, "NPU653")] if default == "True" else [])

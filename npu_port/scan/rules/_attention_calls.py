@@ -15,7 +15,7 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple
 
 from ..context import PythonFile
 from ._device import single_value
-from ._imports import exported_names, served_modules
+from ._imports import exported_names, is_project_module, served_modules
 
 #: flash_attn functions the drop-in serves -> the position of ``causal`` (``window_size`` follows it).
 FLASH_CAUSAL_AT: Dict[str, Optional[int]] = {
@@ -28,6 +28,11 @@ FLASH_CAUSAL_AT: Dict[str, Optional[int]] = {
     "flash_attn_with_kvcache": None,  # keywords only: its positional order changed between releases
 }
 FLASH_MODULES = ("flash_attn", "flash_attn.flash_attn_interface")
+#: flash-attention's top-level packages: flash-attn 2 (the drop-in serves part of it) and FlashAttention 3's (not).
+FLASH_TOPS = frozenset({"flash_attn", "flash_attn_interface", "flash_attn_3"})
+#: What the drop-in defines only to refuse when called (DropInError): they must return the log-sum-exp.
+FLASH_REFUSED = frozenset({"_wrapped_flash_attn_forward", "_wrapped_flash_attn_backward"})
+FLASH_PADDING = "flash_attn.bert_padding"
 #: Arguments the drop-in refuses (DropInError) unless they have this default value.
 FLASH_UNSUPPORTED = {
     "alibi_slopes": None,
@@ -59,11 +64,52 @@ XFORMERS_BIAS_MODULE = "xformers.ops.fmha.attn_bias"
 
 def flash_calls(source: PythonFile) -> Iterator[Tuple[ast.Call, str]]:
     """``(call, function name)`` for every call of a flash_attn function the drop-in serves."""
-    for call, name in source.calls():
-        if name and "." in name:
+    for call, name in flash_library_calls(source):
+        if "." in name:
             module, function = name.rsplit(".", 1)
             if module in FLASH_MODULES and function in FLASH_CAUSAL_AT:
                 yield call, function
+
+
+def flash_library_calls(source: PythonFile) -> List[Tuple[ast.Call, str]]:
+    """``(call, qualified name)`` for every call of something of flash-attention's (:data:`FLASH_TOPS`: through a
+    module attribute, an alias, a private function), however imported; a project's own module of that name is not
+    the library. Computed once per file."""
+
+    def find() -> List[Tuple[ast.Call, str]]:
+        own: Dict[str, bool] = {}
+        found = []
+        for call, name in source.calls():
+            top = name.split(".", 1)[0] if name else ""
+            if top in FLASH_TOPS:
+                if top not in own:
+                    own[top] = is_project_module(source, top)
+                if not own[top]:
+                    found.append((call, name))
+        return found
+
+    return source.cached("flash_library_calls", find)
+
+
+def flash_missing(qualified: str) -> Optional[str]:
+    """The leading part of ``qualified`` that npu-port's flash_attn drop-in does not serve: the package for
+    FlashAttention 3's (``flash_attn_interface``), ``flash_attn.flash_attn_triton`` for
+    ``flash_attn.flash_attn_triton.flash_attn_func``, the name itself for
+    ``flash_attn.flash_attn_interface._flash_attn_forward``; None when the drop-in serves it."""
+    top = qualified.split(".", 1)[0]
+    return top if top != "flash_attn" else dropin_missing(qualified, "flash_attn")
+
+
+def unpacked_into(source: PythonFile, call: ast.Call) -> Optional[int]:
+    """How many names ``a, b, c = call(...)`` unpacks the result into; None when it is not unpacked, or with a star
+    (``a, b, *_``). The drop-in's ``unpad_input`` returns five values, flash-attn < 2.6's four."""
+    parent = source.parents.get(call)
+    if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1):
+        return None
+    target = parent.targets[0]
+    if not isinstance(target, (ast.Tuple, ast.List)) or any(isinstance(e, ast.Starred) for e in target.elts):
+        return None
+    return len(target.elts)
 
 
 def argument(call: ast.Call, keyword: str, position: Optional[int] = None) -> Optional[ast.AST]:
@@ -111,11 +157,17 @@ def xformers_missing(qualified: str) -> Optional[str]:
     """The leading part of ``qualified`` (``xformers.ops.fmha.cutlass.FwOp``) that npu-port's xformers drop-in does
     not define (``xformers.ops.fmha.cutlass``): under ``npu-port run`` looking it up raises AttributeError. None
     when the drop-in defines it, or when it is not under a module the drop-in serves."""
+    return dropin_missing(qualified, "xformers")
+
+
+def dropin_missing(qualified: str, dropin: str) -> Optional[str]:
+    """:func:`xformers_missing` for the drop-in named ``dropin``: the first part of ``qualified`` below a module it
+    serves that the module does not define."""
     parts = qualified.split(".")
     served = served_modules()
     for end in range(len(parts) - 1, 0, -1):
         module = ".".join(parts[:end])
-        if module in served and served[module][0] == "xformers":
+        if module in served and served[module][0] == dropin:
             name = f"{module}.{parts[end]}"
             if name in served or parts[end] in exported_names(served[module][1]):
                 return None
@@ -124,20 +176,85 @@ def xformers_missing(qualified: str) -> Optional[str]:
 
 
 def xformers_lookup_missing(source: PythonFile, node: ast.AST) -> Optional[str]:
-    """:func:`xformers_missing` for the name ``node`` (a ``Name`` / ``Attribute`` chain) spells, when the drop-in's
-    lack shows at this lookup (``xops.fmha.cutlass.FwOp``: AttributeError here); None when the file's import already
-    names the missing part (``from xformers.ops.fmha import Inputs``: the import fails, and the import rules, NPU104
-    / NPU106, report it there)."""
-    missing = xformers_missing(source.resolve(node) or "")
-    if missing is None:
-        return None
+    """:func:`xformers_missing` for the name ``node`` (a ``Name`` / ``Attribute`` chain) spells: ``xops.fmha.cutlass``
+    for ``xops.fmha.cutlass.FwOp`` (AttributeError at this lookup), ``xformers.ops.fmha.Inputs`` for ``Inputs``
+    imported by name (the import raises ImportError first: :func:`imported_by_name`, and NPU104 / NPU106 report
+    the import; the use is where the port has to change)."""
+    return xformers_missing(source.resolve(node) or "")
+
+
+def imported_by_name(source: PythonFile, node: ast.AST, missing: str) -> bool:
+    """Whether the import that binds ``node``'s root name already names ``missing`` (``from xformers.ops.fmha import
+    Inputs``): then it is the import that fails, not this lookup."""
     root = node
     while isinstance(root, ast.Attribute):
         root = root.value
     imported = source.binding(root.id, root) if isinstance(root, ast.Name) else None
-    if imported is not None and (imported == missing or imported.startswith(missing + ".")):
-        return None
-    return missing
+    return imported is not None and (imported == missing or imported.startswith(missing + "."))
+
+
+#: Where a name is only tested, or handed to another name (the resolver follows that one to its use): a stand-in of
+#: a failed import (``Inputs = None``) is harmless there.
+_TESTS = (ast.Compare, ast.BoolOp, ast.If, ast.IfExp, ast.While, ast.Assert)
+
+
+def xformers_values(source: PythonFile) -> Iterator[Tuple[ast.AST, str]]:
+    """``(node, missing)`` for each use of something under ``xformers`` the drop-in does not define that is no
+    xformers call's function or argument (those are the call's): ``fmha.Context`` as a value, a base class, an
+    annotation, an ``isinstance`` argument. A name imported by name (``Inputs``) counts where it is used, not where
+    it is only tested (``if Inputs is not None``) or assigned to another name."""
+    candidates = _xformers_names(source)
+    for name in source.of(ast.Name) if candidates else ():
+        if name.id not in candidates or not isinstance(name.ctx, ast.Load):  # type: ignore[attr-defined]
+            continue
+        bound = source.binding(name.id, name)  # type: ignore[attr-defined]
+        if not (bound and bound.startswith("xformers")):
+            continue
+        node, parent = name, source.parents.get(name)
+        while isinstance(parent, ast.Attribute) and parent.value is node:
+            node, parent = parent, source.parents.get(parent)
+        if isinstance(parent, ast.Call) and parent.func is node or _in_xformers_call(source, node):
+            continue
+        missing = xformers_lookup_missing(source, node)
+        if missing is None:
+            continue
+        if imported_by_name(source, node, missing) and (
+            isinstance(parent, _TESTS) or isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not)
+            or isinstance(parent, ast.Assign) and all(isinstance(t, ast.Name) for t in parent.targets)
+        ):  # fmt: skip
+            continue
+        yield node, missing
+
+
+def _xformers_names(source: PythonFile) -> FrozenSet[str]:
+    """The names the file binds to something of xformers' (its imports, and names assigned from those): resolving
+    only these keeps the walk over every name of a big file cheap."""
+    names = set()
+    for found in source.of(ast.Import):
+        names |= {(a.asname or a.name).split(".")[0] for a in found.names if a.name.startswith("xformers")}  # type: ignore[attr-defined]
+    for found in source.of(ast.ImportFrom):
+        if (found.module or "").startswith("xformers") and not found.level:  # type: ignore[attr-defined]
+            names |= {a.asname or a.name for a in found.names}  # type: ignore[attr-defined]
+    if names:  # `ops = xformers.ops`, then `fmha = ops.fmha`: assignments in order, chains followed once
+        for assign in source.of(ast.Assign):
+            root = assign.value  # type: ignore[attr-defined]
+            if root.__class__ is not ast.Attribute and root.__class__ is not ast.Name:
+                continue
+            while root.__class__ is ast.Attribute:
+                root = root.value
+            if root.__class__ is ast.Name and root.id in names:
+                names |= {t.id for t in assign.targets if isinstance(t, ast.Name)}  # type: ignore[attr-defined]
+    return frozenset(names)
+
+
+def _in_xformers_call(source: PythonFile, node: ast.AST) -> bool:
+    """Whether ``node`` is within the arguments of a call of something of xformers' (NPU112 / NPU113 read those)."""
+    parent = source.parents.get(node)
+    while parent is not None and not isinstance(parent, ast.stmt):
+        if isinstance(parent, ast.Call) and (source.resolve(parent) or "").startswith("xformers."):
+            return True
+        parent = source.parents.get(parent)
+    return False
 
 
 @dataclass(frozen=True)
