@@ -34,6 +34,7 @@ CATEGORY: dict[str, tuple[str, ...]] = {
     "NPU101": ("flash-attn",),
     "NPU110": ("flash-attn",),
     "NPU111": ("flash-attn",),
+    "NPU114": ("flash-attn",),
     "NPU130": ("flash-attn",),
     "NPU652": ("flash-attn",),
     "NPU102": ("xformers",),
@@ -49,6 +50,7 @@ CATEGORY: dict[str, tuple[str, ...]] = {
     "NPU301": ("cuda-tensor",),
     "NPU310": ("cuda-tensor",),
     "NPU390": ("cuda-tensor",),
+    "NPU391": ("cuda-tensor",),
     "NPU302": ("cuda-api",),
     "NPU303": ("cuda-api",),
     "NPU304": ("cuda-api",),
@@ -62,11 +64,12 @@ CATEGORY: dict[str, tuple[str, ...]] = {
     "NPU320": ("cuda-api", "cuda-tensor"),
     "NPU307": ("amp",),
     "NPU308": ("amp",),
+    "NPU317": ("amp",),
     "NPU311": ("distributed",),
     "NPU312": ("distributed",),
     "NPU401": ("attention",),
 }
-for code in ("NPU501", "NPU502", "NPU503", "NPU504", "NPU505"):
+for code in ("NPU501", "NPU502", "NPU503", "NPU504", "NPU505", "NPU506"):
     CATEGORY[code] = ("extension",)
 
 

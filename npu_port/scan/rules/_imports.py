@@ -349,10 +349,15 @@ def import_findings(rule, source: PythonFile, accepts, message, fix=None) -> Ite
 
 
 def _alias(node: ast.AST, kinds: List[Kind]) -> Optional[ast.AST]:
-    """The name of an import statement spread over lines that the first of ``kinds`` is (the line to report)."""
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        module = f"{node.module}." if isinstance(node, ast.ImportFrom) else ""
-        return next((alias for alias in node.names if module + alias.name == kinds[0].library), None)
+    """The name of an import statement spread over lines that the first of ``kinds`` is (the line to report): in a
+    ``from`` import, only when the name is what makes it ours (``from pkg import (utils,\n_C)``); a module that is
+    ours by itself (``from flash_attn_interface import (\n_flash_attn_forward)``) is named on the first line."""
+    if isinstance(node, ast.ImportFrom):
+        if node.module is None or classify(node.module) is not None:
+            return None
+        return next((alias for alias in node.names if f"{node.module}.{alias.name}" == kinds[0].library), None)
+    if isinstance(node, ast.Import):
+        return next((alias for alias in node.names if alias.name == kinds[0].library), None)
     return None
 
 
