@@ -263,7 +263,7 @@ def _import_froms(module: Any) -> List[Any]:
     ]
 
 
-def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False, target: str = "npu-port") -> FileFix:
+def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False, target: str = "torch") -> FileFix:
     """Fix one file in memory (nothing is written), the rewrites written for ``target``."""
     found = scan_file(path, False, selected).findings
     data = Path(path).read_bytes()
@@ -328,11 +328,14 @@ def fix(
     ignore: Sequence[str] = (),
     unsafe: bool = False,
     write: bool = False,
-    target: str = "npu-port",
+    target: str = "torch",
 ) -> List[FileFix]:
     """Fix every file under ``paths`` that has a fixable finding; with ``write``, replace the files atomically.
-    ``target``: what the rewrites write (:mod:`npu_port.scan.targets`; the CLI resolves ``torch`` by the installed
-    torch and passes it on)."""
+    ``target``: what the rewrites write (:mod:`npu_port.scan.targets`): torch's device-agnostic API by default, the
+    ``npu_port`` helpers where the installed torch is older than that API (the CLI says so before the diff)."""
+    if target not in targets.TARGETS:
+        raise ScanError(f"unknown fix target {target!r}; the targets are {', '.join(targets.TARGETS)}")
+    target = targets.resolve(target)[0]
     chosen = select_rules(select, ignore)
     severities = [s for s in split_selection(select)[1]]
     result = scan(paths, select=[r.code for r in chosen] + severities, ignore=split_selection(ignore)[1], jobs=1)

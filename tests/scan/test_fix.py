@@ -1,5 +1,7 @@
 """``npu-port fix``: a dry run by default, atomic writes keeping permissions, comments and formatting kept, output that
-parses, idempotent, and leaving no safe fix undone."""
+parses, idempotent, and leaving no safe fix undone. These tests read the rewrites of the ``npu-port`` target (``fix``
+below pins it); what the default ``torch`` target writes, and that it behaves as the original on CUDA, is
+test_fix_targets.py's."""
 
 from __future__ import annotations
 
@@ -15,9 +17,17 @@ from hypothesis import strategies as st
 
 from npu_port.cli.main import main
 from npu_port.scan.engine import scan
-from npu_port.scan.fix import _left, fix
+from npu_port.scan.fix import _left
+from npu_port.scan.fix import fix as fix_any_target
 from npu_port.scan.rule import Finding, Rule
 from npu_port.scan.targets import TARGETS
+
+
+
+def fix(paths, **options):
+    """``npu_port.scan.fix.fix`` for the ``npu-port`` target unless another is asked for."""
+    return fix_any_target(paths, **{"target": "npu-port", **options})
+
 
 SOURCE = """import torch
 import os  # a comment that stays

@@ -205,3 +205,15 @@ def test_write_with_the_default_target_leaves_no_npu_port_import_and_a_second_ru
     compile(text, str(path), "exec")
     assert "npu_port" not in text and "cuda" not in text.replace('"cuda"', "")
     assert main(["fix", "--check", str(path)]) == 0
+
+
+def test_the_python_api_targets_torch_by_default_and_names_the_targets_for_an_unknown_one(tmp_path):
+    from npu_port.scan.engine import ScanError
+
+    path = tmp_path / "m.py"
+    path.write_text("import torch\n\ntorch.cuda.synchronize()\n", encoding="utf-8")
+    (one,) = fix([str(path)])
+    assert "torch.accelerator.synchronize()" in one.new and "npu_port" not in one.new
+    with pytest.raises(ScanError) as raised:
+        fix([str(path)], target="cuda")
+    assert str(raised.value) == "unknown fix target 'cuda'; the targets are torch, npu-port"
