@@ -23,7 +23,6 @@ from npu_port.scan.rule import Finding, Rule
 from npu_port.scan.targets import TARGETS
 
 
-
 def fix(paths, **options):
     """``npu_port.scan.fix.fix`` for the ``npu-port`` target unless another is asked for."""
     return fix_any_target(paths, **{"target": "npu-port", **options})
