@@ -80,6 +80,7 @@ CUDA_API: Dict[str, str] = {
     "memory_summary": RAISES,  # KeyError on the empty stats
     "mem_get_info": RAISES,
     "set_per_process_memory_fraction": RAISES,
+    "get_per_process_memory_fraction": RAISES,
     "ipc_collect": RAISES,
     "init": RAISES,
     "Event": RAISES,
@@ -213,6 +214,14 @@ def literal_part(source: "PythonFile", node: ast.AST) -> ast.AST:
     that test)."""
     parts = cuda_literal_parts(node)
     return next((part for part in parts if not cuda_guarded(source, part)), parts[0] if parts else node)
+
+
+def is_device_name(name: str) -> bool:
+    """A variable, attribute, keyword or parameter holding a device: ``device``, ``self.device``, ``vae_device``,
+    ``DEVICE``, ``execution_device``, ``device_map`` (transformers / accelerate: a device name puts every weight
+    there)."""
+    name = name.lower()
+    return name in ("device", "device_map") or name.endswith("_device")
 
 
 def keyword(call: ast.Call, name: str) -> Optional[ast.AST]:

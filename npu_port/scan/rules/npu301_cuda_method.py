@@ -50,6 +50,8 @@ class CudaMethod(Rule):
                 and source.resolve(node.func.value) not in ("torch", "torch.cuda")  # torch.cuda is the module
             ):
                 receiver = node.func.value
+                if _self_method(source, node):
+                    continue  # `self.cuda()` in a class that defines (or inherits in this file) its own `cuda()`
                 if (
                     isinstance(receiver, ast.Call)
                     and isinstance(receiver.func, ast.Attribute)
@@ -111,3 +113,23 @@ def _own_cuda_method(source: PythonFile) -> bool:
             for node in source.of(ast.FunctionDef)
         ),
     )
+
+
+def _self_method(source: PythonFile, call: ast.Call) -> bool:
+    """``self.cuda()`` inside a method of a class that defines ``cuda`` itself or through a base class defined in
+    the same file (``class Engine(BaseEngine)``): the class's own method, not a tensor's or a module's."""
+    receiver = call.func.value  # type: ignore[attr-defined]
+    if not (isinstance(receiver, ast.Name) and receiver.id == "self"):
+        return False
+    node: Any = source.parents.get(call)
+    while node is not None and not isinstance(node, ast.ClassDef):
+        node = source.parents.get(node)
+    classes = {c.name: c for c in source.of(ast.ClassDef)}  # type: ignore[attr-defined]
+    seen: set = set()
+    while isinstance(node, ast.ClassDef) and node.name not in seen:
+        seen.add(node.name)
+        if any(isinstance(item, ast.FunctionDef) and item.name == "cuda" for item in node.body):
+            return True
+        bases = [classes[b.id] for b in node.bases if isinstance(b, ast.Name) and b.id in classes]
+        node = bases[0] if len(bases) == 1 else None
+    return False

@@ -13,6 +13,15 @@ from ._device import HELPERS, RAISES, REDIRECTED, call_text, classify, cuda_call
 ELSEWHERE = frozenset(("set_device",)) | frozenset(HELPERS)
 #: Benign with ``None`` (a null context), CUDA-only with a stream.
 STREAM_CONTEXTS = ("stream",)
+#: Queries that answer without CUDA, but CUDA's (empty) figure: the NPU's memory and architecture go unreported.
+QUERIES = {
+    "memory_reserved": "0",
+    "max_memory_reserved": "0",
+    "memory_cached": "0",
+    "max_memory_cached": "0",
+    "memory_stats": "{}",
+    "get_arch_list": "[]",
+}
 #: Classes CUDA-only as values too: ``isinstance(e, torch.cuda.Event)`` is False for the target's events, and the
 #: class handed on is called later (``cls = torch.cuda.Stream``).
 CLASSES = ("Event", "Stream")
@@ -26,7 +35,9 @@ class CudaApiRedirected(Rule):
     stream: ``stream(None)`` is a null context) ... — that ``npu-port run``'s CUDA redirect answers for the target
     (events time with the host clock, properties describe the target). Also ``torch.cuda.Event`` / ``Stream`` used
     as values (``isinstance(e, torch.cuda.Event)``, ``stream_cls = torch.cuda.Stream``), not in annotations: an
-    isinstance test is False for the target's events and streams, and the class is called later.
+    isinstance test is False for the target's events and streams, and the class is called later. Also the queries
+    that answer without CUDA but say nothing of the target (``memory_reserved()``, ``max_memory_reserved()``,
+    ``memory_stats()`` answer 0 / ``{}``; ``get_arch_list()`` ``[]``: ``info`` where npu-port run does not answer it).
 
     Outside ``npu-port run`` the line raises (an AssertionError "Torch not compiled with CUDA enabled" or a
     RuntimeError); to drop the dependency on the redirect, ask the target device instead (``npu_port.get_device()``,
@@ -56,6 +67,16 @@ class CudaApiRedirected(Rule):
                     call,
                     f"`torch.cuda.{name}(s)` with a stream is CUDA-only; npu-port run answers it for the target, "
                     f"elsewhere use the target's (`torch.get_device_module(device).{name}(s)`)",
+                )
+            elif name in QUERIES:
+                yield guarded_finding(
+                    source,
+                    self,
+                    call,
+                    f"{call_text(name)} answers {QUERIES[name]} without CUDA, not the NPU's figure; "
+                    + ("npu-port run answers it for the target, elsewhere ask " if name in REDIRECTED else "ask ")
+                    + "the target's module (`torch.get_device_module(device)`)",
+                    severity=None if name in REDIRECTED else "info",
                 )
             elif classify(name) == RAISES and name in REDIRECTED and name not in ELSEWHERE:
                 yield guarded_finding(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from typing import Iterator
 
 from ..context import PythonFile
@@ -37,6 +38,8 @@ class CudaAvailability(Rule):
         for call, name in live_cuda_calls(source):
             if name in ("is_available", "device_count") and cuda_requirement(source, call) is not None:
                 continue  # NPU315's
+            if _no_choice(source, call):
+                continue
             if name == "is_available":
                 yield source.finding(
                     self,
@@ -51,3 +54,10 @@ class CudaAvailability(Rule):
                     f"{call_text(name)} is 0 on an NPU: use npu_port.device.device_count(), or npu-port run "
                     "--cuda-available",
                 )
+
+
+def _no_choice(source: PythonFile, call: ast.Call) -> bool:
+    """The test of a conditional expression whose branches are the same (``"cpu" if torch.cuda.is_available() else
+    "cpu"``): nothing depends on the answer."""
+    parent = source.parents.get(call)
+    return isinstance(parent, ast.IfExp) and parent.test is call and ast.dump(parent.body) == ast.dump(parent.orelse)

@@ -15,6 +15,7 @@ from ._device import (
     argument,
     guarded_finding,
     is_cuda_literal,
+    is_device_name,
     literal_part,
     single_value,
 )
@@ -38,20 +39,12 @@ def _plain(node: ast.AST) -> bool:
     )
 
 
-#: Keywords that take a device besides those :func:`_device_name` accepts.
-DEVICE_KEYWORDS = ("map_location",)
+#: Keywords that take a device besides those :func:`is_device_name` accepts.
+DEVICE_KEYWORDS = ("map_location", "location")  # location: a checkpoint loader's (torch.load's map_location)
 #: Calls reported by rules of their own (autocast, GradScaler, Generator, device meshes).
 ELSEWHERE = AUTOCAST | GRAD_SCALER | GENERATOR | {"torch.cuda.amp.autocast", "torch.cuda.amp.GradScaler"}
 #: Functions whose first argument is a device.
 DEVICE_FIRST = ("torch.device", "torch.set_default_device", "torch.get_device_module")
-
-
-def _device_name(name: str) -> bool:
-    """A variable, attribute, keyword or parameter holding a device: ``device``, ``self.device``, ``vae_device``,
-    ``DEVICE``, ``execution_device``, ``device_map`` (transformers / accelerate: a device name puts every weight
-    there)."""
-    name = name.lower()
-    return name in ("device", "device_map") or name.endswith("_device")
 
 
 def _literal(source: PythonFile, value: ast.AST) -> Optional[ast.AST]:
@@ -64,6 +57,14 @@ def _literal(source: PythonFile, value: ast.AST) -> Optional[ast.AST]:
         if assigned is not None and is_cuda_literal(assigned):
             return assigned
     return None
+
+
+def _function_name(source: PythonFile, node: ast.AST) -> str:
+    """The name of the function ``node`` is in (``""`` at module level or in a lambda)."""
+    parent = source.parents.get(node)
+    while parent is not None and not isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        parent = source.parents.get(parent)
+    return parent.name if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) else ""
 
 
 def _target_name(target: ast.AST) -> Optional[str]:
@@ -82,7 +83,9 @@ class CudaDeviceLiteral(Rule):
     "cuda:0"}``: the keys are kept), ``device = "cuda"`` / ``DEVICE = "cuda"`` / ``self.device = f"cuda:{rank}"``,
     a ``device="cuda"`` / ``device_map="cuda"`` parameter default, an argparse ``--device`` option defaulting to
     ``"cuda"``, a name of any spelling assigned ``"cuda"`` once and used in one of these places (reported where it
-    is assigned), a dict's value anywhere (``{512: "cuda"}``, ``dict(unet="cuda:0")``: a table of devices); also
+    is assigned), a dict's value anywhere (``{512: "cuda"}``, ``dict(unet="cuda:0")``: a table of devices), a
+    ``return "cuda"`` in a function named like a device (``get_device``, ``default_device``), a checkpoint loader's
+    ``location="cuda"``; also
     ``"cuda:" + str(i)``, ``"cuda:{}".format(i)`` and ``"cuda" if ... else "cpu"``. The string ``"cuda"`` anywhere else
     (a log message, a dict key) is not reported; the ``"cuda"`` of ``"cuda" if torch.cuda.is_available() else "cpu"``
     is chosen only where CUDA is: reported as ``guarded``, naming the test.
@@ -122,10 +125,16 @@ class CudaDeviceLiteral(Rule):
                 for item in call.keywords:
                     if item.arg is not None and is_cuda_literal(item.value):
                         found.setdefault(id(item.value), (item.value, DICT_VALUE))
-        for node in source.of(ast.Assign, ast.AnnAssign, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Dict):
+        for node in source.of(
+            ast.Assign, ast.AnnAssign, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Dict, ast.Return
+        ):
+            if isinstance(node, ast.Return):  # `def get_device(): ... return "cuda"`: the function answers a device
+                if is_cuda_literal(node.value) and is_device_name(_function_name(source, node)):
+                    found.setdefault(id(node.value), (node.value, LITERAL))
+                continue
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if any(_device_name(_target_name(t) or "") for t in targets) and is_cuda_literal(node.value):
+                if any(is_device_name(_target_name(t) or "") for t in targets) and is_cuda_literal(node.value):
                     found.setdefault(id(node.value), (node.value, LITERAL))
             elif isinstance(node, ast.Dict):  # {512: "cuda"}: a table of devices (the keys are tags: kept)
                 for value in node.values:
@@ -150,7 +159,7 @@ class CudaDeviceLiteral(Rule):
         if qualified in DEVICE_FIRST:
             value = argument(call, 0, "type" if qualified == "torch.device" else "device")
             return [value] if value is not None else []
-        values = [k.value for k in call.keywords if k.arg and (k.arg in DEVICE_KEYWORDS or _device_name(k.arg))]
+        values = [k.value for k in call.keywords if k.arg and (k.arg in DEVICE_KEYWORDS or is_device_name(k.arg))]
         # a dict there maps names to devices (map_location={"cuda:0": "cuda:1"}, device_map={"": "cuda:0"}): its
         # values are devices; its keys are tags or module names, kept as written
         values += [item for value in values if isinstance(value, ast.Dict) for item in value.values]
@@ -159,7 +168,7 @@ class CudaDeviceLiteral(Rule):
             values.append(call.args[0])
         if isinstance(func, ast.Attribute) and func.attr == "add_argument":
             options = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-            if any(_device_name(option.lstrip("-").replace("-", "_")) for option in options):
+            if any(is_device_name(option.lstrip("-").replace("-", "_")) for option in options):
                 values += [k.value for k in call.keywords if k.arg == "default"]
         return values
 
@@ -168,7 +177,7 @@ class CudaDeviceLiteral(Rule):
         pairs = list(zip(positional[len(positional) - len(arguments.defaults) :], arguments.defaults))
         pairs += [(a, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None]
         for parameter, default in pairs:
-            if _device_name(parameter.arg) and is_cuda_literal(default):
+            if is_device_name(parameter.arg) and is_cuda_literal(default):
                 yield guarded_finding(
                     source,
                     self,

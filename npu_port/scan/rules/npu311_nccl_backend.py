@@ -7,7 +7,7 @@ from typing import Any, Iterator, List, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import argument, guarded_finding, parameter_sources
+from ._device import argument, guarded_finding, parameter_sources, single_value
 
 #: Process-group constructors -> the position of their backend argument (None: keyword only).
 GROUP_FUNCTIONS = {
@@ -94,6 +94,10 @@ class NcclBackend(Rule):
             if value is None:
                 continue
             branches = _branches(value)  # `"nccl" if multi_node else "gloo"`: each value it may take
+            if isinstance(value, ast.Name) and not any(_nccl(branch) for branch in branches):
+                assigned = single_value(source, value)  # `backend = "nccl" if ... else "gloo"`, then backend=backend
+                if assigned is not None and any(_nccl(branch) for branch in _branches(assigned)):
+                    branches = _branches(assigned)
             if any(_nccl(branch) for branch in branches):
                 places = [(branch, "argument", "") for branch in branches]
             else:  # a parameter of the file's own function, passed on: its default and what the file's calls give

@@ -39,6 +39,15 @@ class SdpKernel(Rule):
     fix_needs_torch = "2.3"  # sdpa_kernel came in 2.2, SDPBackend.CUDNN_ATTENTION (sdp_kernel's enable_cudnn) in 2.3
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
+        for node in source.of(ast.ImportFrom):  # `from torch.backends.cuda import sdp_kernel`: on its first line
+            if node.module == "torch.backends.cuda" and any(a.name == "sdp_kernel" for a in node.names):  # type: ignore[attr-defined]
+                yield source.finding(
+                    self,
+                    node,
+                    "`torch.backends.cuda.sdp_kernel` is deprecated and CUDA-only: import "
+                    "`torch.nn.attention.sdpa_kernel` instead",
+                    fix="manual",
+                )
         for call, qualified in source.calls():
             if qualified == "torch.backends.cuda.sdp_kernel":
                 literal = (

@@ -23,11 +23,13 @@ class CudaAmpImport(Rule):
     ``torch.cuda.amp`` is deprecated on every device (torch warns at each ``autocast`` / ``GradScaler`` made from
     it) and will go; its uses are CUDA-only as well, which NPU307 / NPU308 report where they are. Import from
     ``torch.amp`` instead and name the device: ``torch.amp.autocast(device_type)``, ``torch.amp.GradScaler(device)``,
-    ``torch.amp.custom_fwd(device_type=...)``.
+    ``torch.amp.custom_fwd(device_type=...)``. The module or one of its names read as a value (``autocast =
+    torch.cuda.amp.autocast``, a bare ``@torch.cuda.amp.custom_fwd``) is an import by another name: reported there.
 
     Example::
 
         from torch.cuda.amp import GradScaler, autocast  # NPU317
+        autocast = torch.cuda.amp.autocast               # NPU317
     """
 
     code = "NPU317"
@@ -53,6 +55,19 @@ class CudaAmpImport(Rule):
                 for alias in node.names:  # type: ignore[attr-defined]
                     if _amp_module(alias.name):
                         yield source.finding(self, _placed(alias, node))
+        for node in source.of(ast.Attribute):  # `autocast = torch.cuda.amp.autocast`: an import by another name
+            parent = source.parents.get(node)
+            if (
+                not isinstance(node.ctx, ast.Load)  # type: ignore[attr-defined]
+                or (isinstance(parent, ast.Call) and parent.func is node)  # a call: NPU307 / NPU308's
+                or isinstance(parent, ast.Attribute)  # the outermost attribute only
+            ):
+                continue
+            qualified = source.resolve(node)
+            if _amp_module(qualified):
+                yield source.finding(
+                    self, node, f"`{qualified}` is deprecated and CUDA's: use `torch.amp` and pass the device type"
+                )
 
 
 def _placed(alias: ast.alias, statement: ast.stmt) -> ast.AST:

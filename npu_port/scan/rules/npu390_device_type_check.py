@@ -1,7 +1,9 @@
 """NPU390: a device-type check that expects CUDA (``x.device.type == "cuda"``, ``t.is_cuda``).
 
 The matchers here are the one definition of such a check: the scan reports them, and ``npu-port run`` rewrites
-exactly these in a project's own modules as they are imported (:mod:`npu_port.runtime.device_checks`).
+exactly these in a project's own modules as they are imported (:mod:`npu_port.runtime.device_checks`). A device
+held in a variable compared with ``"cuda"`` (``device == "cuda"``, :func:`device_name_side`) is reported too, but
+not rewritten: the variable may hold a string the project chose itself.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
+from ._device import is_device_name
 
 CUDA = "cuda"
 
@@ -41,6 +44,19 @@ def cuda_type_side(node: ast.Compare) -> Optional[str]:
     return None
 
 
+def device_name_side(node: ast.Compare) -> Optional[str]:
+    """Which side of ``device == "cuda"`` / ``self.device != "cuda"`` is the device (a name or attribute named like
+    one, :func:`is_device_name`): ``"left"``, ``"right"`` or None. Not one of the checks npu-port run rewrites."""
+    if len(node.ops) != 1 or not isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+        return None
+    left, right = node.left, node.comparators[0]
+    for side, device, other in (("left", left, right), ("right", right, left)):
+        name = device.id if isinstance(device, ast.Name) else device.attr if isinstance(device, ast.Attribute) else ""
+        if name and is_device_name(name) and isinstance(other, ast.Constant) and other.value == CUDA:
+            return side
+    return None
+
+
 def is_cuda_read(node: ast.AST) -> bool:
     return isinstance(node, ast.Attribute) and node.attr == "is_cuda" and isinstance(node.ctx, ast.Load)
 
@@ -55,10 +71,15 @@ class DeviceTypeCheck(Rule):
     checks in the project's own modules as they are imported, so the target device reads as CUDA there (nothing else
     changes, line numbers included). Without npu-port: compare with the device the project runs on instead.
 
+    A variable or attribute named like a device compared with ``"cuda"`` (``if device == "cuda":``, ``if
+    self._execution_device == "cuda":``) is reported as ``runtime``: npu-port run does not rewrite it, and on the
+    target the CUDA branch (a ``set_device``, an ``empty_cache``) is skipped.
+
     Example::
 
         assert q.device.type == "cuda"          # NPU390
         if not x.is_cuda: x = x.cuda()          # NPU390 (and NPU301)
+        if device == "cuda": torch.cuda.empty_cache()  # NPU390 (runtime)
     """
 
     code = "NPU390"
@@ -74,5 +95,13 @@ class DeviceTypeCheck(Rule):
         for node in source.of(ast.Compare, ast.Attribute):
             if isinstance(node, ast.Compare) and cuda_type_side(node) is not None:
                 yield source.finding(self, node)
-            elif is_cuda_read(node):
-                yield source.finding(self, node, "`.is_cuda` is False on the target device")
+            elif is_cuda_read(node) and not isinstance(source.parents.get(node), ast.FormattedValue):
+                yield source.finding(self, node, "`.is_cuda` is False on the target device")  # not in a message
+            elif isinstance(node, ast.Compare) and device_name_side(node) is not None:
+                yield source.finding(
+                    self,
+                    node,
+                    'a device compared with `"cuda"` is not equal to the target\'s (`npu`, `cpu`): the CUDA branch '
+                    "is skipped there; compare with the device the project runs on",
+                    severity="runtime",  # npu-port run rewrites `.type` checks only
+                )
