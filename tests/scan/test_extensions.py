@@ -43,8 +43,25 @@ def test_a_sources_variable_of_cpp_files_is_not(tmp_path, built):
 
 
 def test_a_name_bound_elsewhere_is_not_followed(tmp_path):
-    body = 'def a():\n    src = ["k.cu"]\n    return src\ndef b(src):\n    return load("ext", sources=src)\n'
+    body = 'def a():\n    src = ["k.cu"]\n    return src\ndef b():\n    return load("ext", sources=src)\n'
     assert _codes(tmp_path, body) == []
+
+
+def test_a_build_helper_loading_its_parameter_is_a_cuda_build(tmp_path):
+    """A project's helper (``get_plugin(name, sources)``) compiles whatever its callers hand it, .cu files
+    included; the call handing it .cu names is reported on the first of them, and what it returns is an extension."""
+    body = (
+        "plugin = None\n"
+        "def get_plugin(name, sources):\n"
+        "    staged = [os.path.join(ROOT, s) for s in sources]\n"
+        "    return load(name, sources=staged)\n"
+        "def init():\n"
+        "    global plugin\n"
+        '    plugin = get_plugin("act", sources=["act.cpp", "act.cu"])\n'
+        "def act(x):\n"
+        "    return plugin.act(x)\n"
+    )
+    assert _codes(tmp_path, body) == [(4, "NPU503", "runtime"), (7, "NPU503", "runtime"), (9, "NPU506", "runtime")]
 
 
 def test_a_module_level_list_read_in_a_function_is_followed(tmp_path):
@@ -75,6 +92,6 @@ def test_calls_into_a_loaded_extension_are_runtime_and_guarded_ones_name_their_g
     )
 
 
-def test_a_cpp_only_load_and_a_handled_extension_give_no_call_findings(tmp_path):
+def test_a_cpp_only_load_gives_no_call_finding_and_a_served_extension_a_handled_one(tmp_path):
     body = 'cpu = load("cpu", sources=["a.cpp"])\ncpu.forward(1)\nimport alt_cuda_corr\nalt_cuda_corr.forward(1)\n'
-    assert [code for _, code, _ in _codes(tmp_path, body) if code == "NPU506"] == []
+    assert [(line, severity) for line, code, severity in _codes(tmp_path, body) if code == "NPU506"] == [(4, "handled")]

@@ -76,19 +76,25 @@ def test_pip_install_commands_name_the_packages_they_install(command, packages):
     default=st.sampled_from(["True", "False", "None", "1", '"xformers"']),
     keyword_only=st.booleans(),
     annotated=st.booleans(),
+    uses_library=st.booleans(),
 )
-def test_a_parameter_is_reported_exactly_when_it_defaults_a_flag_to_true(name, default, keyword_only, annotated):
+def test_a_parameter_is_reported_exactly_when_it_defaults_a_flag_to_true(
+    name, default, keyword_only, annotated, uses_library
+):
     """NPU653 on the default itself, for every flag name the table knows; a truthy non-``True`` default (``1``) is
-    left alone: only ``True`` is certain to switch the backend on."""
+    left alone: only ``True`` is certain to switch the backend on. A flash-attn flag counts only in a file that
+    imports flash-attn (elsewhere it is torch's own flash SDPA)."""
     import tempfile
     from pathlib import Path
 
     annotation = ": bool" if annotated else ""
     star = "*, " if keyword_only else ""
-    text = f"def build(model, {star}{name}{annotation} = {default}):\n    return model\n"
+    head = "import flash_attn.flash_attn_interface as fa\n" if uses_library else ""
+    text = f"{head}def build(model, {star}{name}{annotation} = {default}):\n    return model\n"
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "m.py"
         path.write_text(text, encoding="utf-8")
         found = [(f.line, f.column, f.code) for f in scan_file(str(path), False, select_rules(["NPU653"])).findings]
-    column = text.index(f"= {default}") + 3
-    assert found == ([(1, column, "NPU653")] if default == "True" else [])
+    column = text.index(f"= {default}") - len(head) + 3
+    reported = default == "True" and (ON_FLAGS[name] != "flash-attn" or uses_library)
+    assert found == ([(1 + bool(head), column, "NPU653")] if reported else [])

@@ -14,7 +14,7 @@ import ast
 from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
 from ..context import LOCAL, PythonFile
-from ._imports import _looks_compiled, classified_imports
+from ._imports import FALLBACK_HANDLER, KERNEL_PACKAGES, _looks_compiled, classified_imports, fallback_modules
 from ._misc import CUDA_SUFFIXES
 
 #: How many names deep a sources expression is followed (``sources = base + cuda``, ``cuda = [...]``: two).
@@ -23,19 +23,69 @@ _DEPTH = 4
 _GROWERS = ("append", "extend", "insert", "__iadd__")
 
 
-def names_cuda_source(source: PythonFile, node: ast.AST, _depth: int = 0, _seen: Optional[Set[int]] = None) -> bool:
+def names_cuda_source(source: PythonFile, node: ast.AST) -> bool:
     """Whether an expression — a sources list, one file name, an f-string, a ``glob`` pattern, or a name the file
     assigns (``=``, ``+=``, ``.append`` / ``.extend``) one of these where it is bound — names a ``.cu`` / ``.cuh``
     file."""
+    return cuda_source_named(source, node) is not None
+
+
+def cuda_source_named(
+    source: PythonFile, node: ast.AST, _depth: int = 0, _seen: Optional[Set[int]] = None
+) -> Optional[ast.Constant]:
+    """The first ``.cu`` / ``.cuh`` file name an expression names, followed as :func:`names_cuda_source` says, or
+    None."""
     seen = _seen if _seen is not None else set()
     for part in ast.walk(node):
         if isinstance(part, ast.Constant) and isinstance(part.value, str) and part.value.endswith(CUDA_SUFFIXES):
-            return True
+            return part
         if isinstance(part, ast.Name) and _depth < _DEPTH and id(part) not in seen:
             seen.add(id(part))
             for value in _values_of(source, part):
-                if value is not node and names_cuda_source(source, value, _depth + 1, seen):
-                    return True
+                if value is not node:
+                    found = cuda_source_named(source, value, _depth + 1, seen)
+                    if found is not None:
+                        return found
+    return None
+
+
+#: Builders of extensions whose ``sources=`` other rules read (NPU501-NPU503): not a project's own build helper.
+_KNOWN_BUILDERS = ("torch.", "setuptools.", "distutils.")
+
+
+def helper_builds(source: PythonFile) -> List[Tuple[ast.Call, ast.Constant]]:
+    """``(call, first .cu name)`` for each call that hands ``sources=`` naming CUDA files to a builder of the
+    project's own (``custom_ops.get_plugin("bias_act", sources=["bias_act.cpp", "bias_act.cu"])``): it compiles
+    them just in time, as ``torch.utils.cpp_extension.load`` would."""
+
+    def collect() -> List[Tuple[ast.Call, ast.Constant]]:
+        found = []
+        for call, name in source.calls():
+            if name and (name.startswith(_KNOWN_BUILDERS) or name.split(".")[-1].endswith("Extension")):
+                continue
+            given = next((k.value for k in call.keywords if k.arg == "sources"), None)
+            named = cuda_source_named(source, given) if given is not None else None
+            if named is not None:
+                found.append((call, named))
+        return found
+
+    return source.cached("extensions.helper_builds", collect)
+
+
+def from_parameter(source: PythonFile, node: ast.AST, _depth: int = 0) -> bool:
+    """Whether an expression reads a parameter of the function it is in, directly or through names assigned from
+    one (``sources``, ``digest = [join(d, s) for s in sources]``): a build helper that compiles what it is given."""
+    for part in ast.walk(node):
+        if not isinstance(part, ast.Name) or source.binding(part.id, part) != LOCAL:
+            continue
+        scope = source.binding_scope(part.id, part)
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            arguments = scope.args
+            every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+            if any(a.arg == part.id for a in every) and not any(True for _ in _values_of(source, part)):
+                return True
+        if _depth < _DEPTH and any(from_parameter(source, v, _depth + 1) for v in _values_of(source, part)):
+            return True
     return False
 
 
@@ -76,19 +126,34 @@ def _growth(source: PythonFile) -> Dict[str, List[Tuple[ast.AST, ast.AST]]]:
 
 def imported_extensions(source: PythonFile) -> FrozenSet[str]:
     """The qualified names of the compiled CUDA extensions the file imports, as NPU104-NPU106 classify them
-    (``corr_cuda``, ``diff_gaussian_rasterization._C``): a call whose qualified name is under one calls into it."""
+    (``corr_cuda``, ``diff_gaussian_rasterization._C``), and of the CUDA kernel packages it imports
+    (``liger_kernel``: ``KERNEL_PACKAGES``), and those npu-port's own fallbacks serve (``alt_cuda_corr``): a call
+    whose qualified name is under one calls into it."""
 
     def collect() -> FrozenSet[str]:
         roots = set()
         for found, kind in classified_imports(source):
-            if kind is None or kind.kind != "cuda-only" or "compiled CUDA extension" not in kind.why:
+            if kind is not None and kind.kind == "handled" and kind.by == FALLBACK_HANDLER:
+                roots.add(found.module.split(".")[0])
+                continue
+            if kind is None or kind.kind != "cuda-only":
                 continue
             parts = found.module.split(".") + ([found.name] if found.name in ("_C", "_ext") else [])
+            if parts[0] in KERNEL_PACKAGES:
+                roots.add(parts[0])
+                continue
+            if "compiled CUDA extension" not in kind.why:
+                continue
             end = next((i for i, part in enumerate(parts) if _looks_compiled(part)), len(parts) - 1)
             roots.add(".".join(parts[: end + 1]))
         return frozenset(roots)
 
     return source.cached("extensions.imported", collect)
+
+
+def served_by_fallback(root: str) -> bool:
+    """Whether npu-port ships a PyTorch fallback for the extension ``root`` (served under ``npu-port run``)."""
+    return root.split(".")[0] in fallback_modules()
 
 
 def extension_root(source: PythonFile, qualified: Optional[str]) -> Optional[str]:

@@ -53,7 +53,17 @@ CUDA_ONLY_PACKAGES: Dict[str, str] = {
     "causal_conv1d": "causal_conv1d is a CUDA kernel: use torch.nn.functional.conv1d with left padding",
     "tinycudann": "tiny-cuda-nn is CUDA-only: use a pure-PyTorch hash encoding and MLP",
     "nvdiffrast": "nvdiffrast is CUDA-only: use a PyTorch rasterizer that runs on the target",
+    "sgl_kernel": "sgl_kernel (SGLang's kernels) is CUDA-only: keep the model's torch layers on NPU and CPU",
+    "flex_block_attn": "flex_block_attn is a CUDA block-sparse attention kernel: call `npu_port.attention` (or SDPA) "
+    "instead",
 }
+
+#: The CUDA-only packages that are kernels: a call into one is a call into CUDA code (NPU506), as with a compiled
+#: extension. The others' calls are reported by their own rules (flash-attn's) or are set-up, not kernels (xfuser).
+KERNEL_PACKAGES = frozenset(
+    {"liger_kernel", "sageattention", "sageattn", "flashinfer", "mamba_ssm", "causal_conv1d", "sgl_kernel",
+     "flex_block_attn", "tinycudann", "nvdiffrast"}
+)  # fmt: skip
 
 #: What a file importing a compiled extension contains (the rules' triggers): a ``*_cuda`` name, or a ``_C`` /
 #: ``_ext`` module named on an import line (``import a._C``, ``from a._C import f``, ``from . import _C``, a
@@ -125,8 +135,11 @@ def fallback_modules() -> FrozenSet[str]:
 
 @functools.lru_cache(maxsize=None)
 def exported_names(impl: str) -> FrozenSet[str]:
-    """The names a drop-in module defines at top level (read with ``ast``: importing it would import torch)."""
+    """The names a drop-in module defines at top level (read with ``ast``: importing it would import torch), and
+    ``__version__`` for a drop-in's package itself: the drop-in finder sets it from the version it stands in for."""
     import importlib.util
+
+    from ...dropins.install import DROP_INS
 
     spec = importlib.util.find_spec(impl)
     if spec is None or not spec.origin:
@@ -141,6 +154,8 @@ def exported_names(impl: str) -> FrozenSet[str]:
             names |= {t.id for t in targets if isinstance(t, ast.Name)}
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    if any(drop.version is not None and drop.modules.get(drop.name) == impl for drop in DROP_INS):
+        names.add("__version__")
     return frozenset(names)
 
 
@@ -148,7 +163,11 @@ def exported_names(impl: str) -> FrozenSet[str]:
 
 
 def _looks_compiled(part: str) -> bool:
-    return part == "_C" or part.endswith("_C") and part[:-2].isidentifier() or part.endswith("_cuda") or part == "_ext"
+    """``_C``, ``foo_C``, ``_ext``, or ``cuda`` as one word of a longer name (``corr_cuda``, ``alt_cuda_corr``)."""
+    if part == "_C" or part.endswith("_C") and part[:-2].isidentifier() or part == "_ext":
+        return True
+    words = part.split("_")
+    return len(words) > 1 and "cuda" in words
 
 
 def classify(module: str, name: Optional[str] = None) -> Optional[Kind]:

@@ -29,6 +29,7 @@ ON_FLAGS = {
 BACKEND_KEYS = ("attention_mode", "attn_mode", "attention_type", "attn_type", "attention_backend", "attn_backend")
 BACKEND_VALUES = {
     "xformers": "xformers",
+    "softmax-xformers": "xformers",  # Stability's generative-models (sgm) name for it
     "flash": "flash-attn",
     "flash_attn": "flash-attn",
     "flash-attn": "flash-attn",

@@ -20,7 +20,8 @@ class DiffusersXformersSwitch(Rule):
     Without a working CUDA xformers, diffusers raises from these switches (xformers missing, or "torch.cuda is not
     available"), and a repository's own copies of the setter raise too. Under ``npu-port run`` the xformers hook
     routes them to npu-port's attention strategy instead. Outside it, drop the call: diffusers' default processors
-    use SDPA.
+    use SDPA. Inside a project's own setter, the flag set from the setter's parameter is not reported: the calls
+    that switch it on are.
 
     Example::
 
@@ -47,6 +48,8 @@ class DiffusersXformersSwitch(Rule):
                     "routes it to npu-port's attention strategy; without npu-port, drop it (diffusers uses SDPA)"
                 )  # fmt: skip
             elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and not _is_false(node.value):
+                if _passes_parameter(source, node, node.value):
+                    continue  # a switch of the project's own passing on its caller's choice: the call is reported
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 if any(isinstance(t, ast.Attribute) and t.attr == _FLAG for t in targets):
                     yield source.finding(
@@ -57,3 +60,13 @@ class DiffusersXformersSwitch(Rule):
 
 def _is_false(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and node.value in (False, None)
+
+
+def _passes_parameter(source: PythonFile, statement: ast.AST, value: ast.AST) -> bool:
+    """Whether ``value`` is a parameter of the function the assignment is in (``def set_use_...(self, flag):
+    self.attn._use_memory_efficient_attention_xformers = flag``)."""
+    scope = source.scope_of(statement)
+    if not isinstance(value, ast.Name) or not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    arguments = scope.args
+    return any(a.arg == value.id for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs])

@@ -65,16 +65,17 @@ class HandwrittenAttention(Rule):
             flows = [_Flow(source, returning).run(scope.body) for scope in _softmax_scopes(source, returning)]
         reported: Set[int] = set()
         for flow in flows:
-            for node, scores, softmax_line in flow.found:
-                if id(scores) in reported:
-                    continue
-                reported.add(id(scores))
-                message = (
-                    f"hand-written attention (softmax on line {softmax_line}, times v on line {node.lineno}) builds "
-                    "the whole score matrix: use npu_port.attention(q, k, v, ...) (a legacy `_attention` class is "
-                    "routed by npu_port.patch_legacy_attention / npu-port run)"
-                )
-                yield source.finding(self, scores, message)
+            for node, first, softmax_line in flow.found:
+                for scores in [first, *flow.alternates.get(id(first), [])]:
+                    if id(scores) in reported:
+                        continue
+                    reported.add(id(scores))
+                    message = (
+                        f"hand-written attention (softmax on line {softmax_line}, times v on line {node.lineno}) "
+                        "builds the whole score matrix: use npu_port.attention(q, k, v, ...) (a legacy `_attention` "
+                        "class is routed by npu_port.patch_legacy_attention / npu-port run)"
+                    )
+                    yield source.finding(self, scores, message)
 
 
 class _Flow:
@@ -91,6 +92,9 @@ class _Flow:
         self.returned: List[Kind] = []
         #: The file's functions (by name) that return scores or probabilities: calling one gives them.
         self.returning = returning or {}
+        #: id(a scores node) -> the scores nodes other branches of an ``if`` give the same name
+        #: (``if fp32: sim = einsum(...) else: sim = einsum(...)``): one softmax, a finding for each
+        self.alternates: Dict[int, List[ast.AST]] = {}
         self._seen: Set[int] = set()
 
     def run(self, statements: List[ast.stmt]) -> "_Flow":
@@ -116,6 +120,9 @@ class _Flow:
             if isinstance(node.target, ast.Name) and node.target.id not in self.names and value is not None:
                 self.names[node.target.id] = value
             return
+        if isinstance(node, ast.If):
+            self.branches(node)
+            return
         if isinstance(node, ast.Return) and node.value is not None:
             returned = self.kind(node.value)
             if returned is not None:
@@ -137,6 +144,21 @@ class _Flow:
                     self.run(child.body)
                 elif hasattr(child, "body"):  # match cases
                     self.run(child.body)
+
+    def branches(self, node: ast.If) -> None:
+        """An ``if``: each branch from the state before it; after it, a name holds what either branch gave it, the
+        scores of both branches remembered when both make them."""
+        self.kind(node.test)
+        before = dict(self.names)
+        self.run(node.body)
+        body, self.names = self.names, before.copy()
+        self.run(node.orelse)
+        for name, kind in body.items():
+            other = self.names.get(name)
+            if other is None:
+                self.names[name] = kind
+            elif other[0] == kind[0] and other[1] is not kind[1]:
+                self.alternates.setdefault(id(other[1]), []).append(kind[1])
 
     def kind(self, node: ast.AST) -> Optional[Kind]:
         """What ``node`` evaluates to: scores, probabilities, or nothing of interest (None). Records a finding when

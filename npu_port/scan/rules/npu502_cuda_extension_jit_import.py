@@ -7,7 +7,7 @@ from typing import Iterator
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._extensions import names_cuda_source
+from ._extensions import from_parameter, names_cuda_source
 from ._misc import under_cuda_check
 
 LOADERS = ("torch.utils.cpp_extension.load", "torch.utils.cpp_extension.load_inline")
@@ -24,7 +24,8 @@ def jit_cuda_loads(source: PythonFile, at_import: bool) -> Iterator[ast.Call]:
 
 def compiles_cuda(source: PythonFile, call: ast.Call, name: str) -> bool:
     """Whether a ``load`` / ``load_inline`` call (``name``: which) compiles CUDA: ``.cu`` sources (however the
-    list is built: :func:`._extensions.names_cuda_source`), ``cuda_sources=``, ``with_cuda=True``."""
+    list is built: :func:`._extensions.names_cuda_source`) or sources a build helper was given as a parameter,
+    ``cuda_sources=``, ``with_cuda=True``."""
     keywords = {k.arg: k.value for k in call.keywords if k.arg}
     with_cuda = keywords.get("with_cuda")
     if isinstance(with_cuda, ast.Constant) and with_cuda.value is False:
@@ -35,7 +36,11 @@ def compiles_cuda(source: PythonFile, call: ast.Call, name: str) -> bool:
         given = keywords.get("cuda_sources", call.args[2] if len(call.args) > 2 else None)
         return given is not None and not (isinstance(given, ast.Constant) and given.value is None)
     given = keywords.get("sources", call.args[1] if len(call.args) > 1 else None)
-    return given is not None and names_cuda_source(source, given)
+    if given is None:
+        return False
+    # a project's build helper (``def get_plugin(name, sources, ...): load(name, sources=sources)``) loads what its
+    # callers give it: ``load`` compiles the ``.cu`` files among them with nvcc
+    return names_cuda_source(source, given) or from_parameter(source, given)
 
 
 @register_rule

@@ -7,8 +7,8 @@ from typing import Dict, Iterator, Optional, Set, Tuple
 
 from ..context import LOCAL, PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._extensions import extension_root, imported_extensions
-from ._imports import EXTENSION_TRIGGERS
+from ._extensions import extension_root, helper_builds, imported_extensions, served_by_fallback
+from ._imports import EXTENSION_TRIGGERS, KERNEL_PACKAGES
 from .npu502_cuda_extension_jit_import import LOADERS, compiles_cuda
 
 
@@ -25,7 +25,9 @@ class CudaExtensionCall(Rule):
     still where the port's work is: each needs a PyTorch path on NPU and CPU (``npu_port.fallbacks.register_fallback``
     serves one for an imported module). A call behind a check — of CUDA or of the extension itself (``if _C is not
     None:``, ``if torch.cuda.is_available():``), or in a ``try`` with an ``except`` — is ``guarded``, the check
-    named: the fallback is already beside it.
+    named: the fallback is already beside it. A call into a kernel package imported in the same function is left to
+    that import's finding (NPU105 / NPU106), which marks the path. A call into an extension npu-port ships a
+    fallback for (``alt_cuda_corr``) is ``handled``: ``npu-port run`` serves it.
 
     Example::
 
@@ -43,24 +45,32 @@ class CudaExtensionCall(Rule):
     severity = "runtime"
     targets = ("npu", "cpu")
     fix = "manual"
-    triggers = ("cpp_extension", *EXTENSION_TRIGGERS)
+    triggers = ("cpp_extension", ".cu'", '.cu"', *EXTENSION_TRIGGERS, *KERNEL_PACKAGES)
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
         if not _loads(source) and not imported_extensions(source):
             return
         for call, qualified in source.calls():
             root = extension_root(source, qualified)
+            if root is not None and root in KERNEL_PACKAGES and _imported_in_function(source, call):
+                continue  # the lazy import just before it is reported (NPU105 / NPU106) and marks this path
             if root is not None:
                 what, name = f"`{root}`", root.split(".")[-1]
+                if root in KERNEL_PACKAGES:
+                    what = f"`{root}`'s kernels"
             else:
                 loaded = _loaded_name(source, call)
                 if loaded is None:
                     continue
                 name, loader = loaded
                 what = f"`{name}` (built by {loader})"
-            text = f"`{ast.unparse(call.func)}()` calls into the compiled CUDA extension {what}"
+            kind = "CUDA-only" if root in KERNEL_PACKAGES else "the compiled CUDA extension"
+            text = f"`{ast.unparse(call.func)}()` calls into {kind} {what}"
             check = _check(source, call, name)
-            if check is None:
+            if root is not None and served_by_fallback(root):
+                served = f"{text}: npu-port run serves it with npu-port's PyTorch fallback"
+                yield source.finding(self, call, served, severity="handled")
+            elif check is None:
                 message = (
                     f"{text}: it raises where the extension could not be built or imported; give it a PyTorch fallback"
                 )
@@ -75,11 +85,14 @@ def _loads(source: PythonFile) -> Dict[int, Dict[str, str]]:
 
     def collect() -> Dict[int, Dict[str, str]]:
         found: Dict[int, Dict[str, str]] = {}
+        helpers = {id(call) for call, _ in helper_builds(source)}
         for call, name in source.calls():
             statement = source.parents.get(call)
-            if name not in LOADERS or not isinstance(statement, (ast.Assign, ast.AnnAssign)):
+            if not isinstance(statement, (ast.Assign, ast.AnnAssign)) or statement.value is not call:
                 continue
-            if statement.value is not call or not compiles_cuda(source, call, name):
+            if id(call) in helpers:
+                name = name or ast.unparse(call.func)
+            elif name not in LOADERS or not compiles_cuda(source, call, name):
                 continue
             scope = source.scope_of(statement)
             declared: Set[str] = set()
@@ -126,3 +139,15 @@ def _check(source: PythonFile, node: ast.AST, name: str) -> Optional[str]:
 
 def _mentions(test: ast.AST, name: str) -> bool:
     return bool(name) and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(test))
+
+
+def _imported_in_function(source: PythonFile, call: ast.Call) -> bool:
+    """Whether the name a call starts from (``sageattn`` in ``sageattn(q, k, v)``) is bound in a function: imported
+    lazily where it is used."""
+    base = call.func
+    while isinstance(base, ast.Attribute):
+        base = base.value
+    if not isinstance(base, ast.Name):
+        return False
+    scope = source.binding_scope(base.id, base)
+    return isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
