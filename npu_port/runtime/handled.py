@@ -75,9 +75,12 @@ RAISING = ("current_device", "get_device_name", "get_device_properties", "get_de
            "get_rng_state", "reset_max_memory_allocated", "reset_max_memory_cached", "reset_accumulated_memory_stats",
            "memory_summary", "set_per_process_memory_fraction", "ipc_collect", "init", "Event", "current_stream",
            "default_stream", "nvtx.range_push", "nvtx.range_pop", "nvtx.range", "nvtx.mark")  # fmt: skip
-#: ... and those that answer without CUDA anyway (0, {}, False, a null context): no rule reports them.
-ANSWERING = ("memory_reserved", "max_memory_reserved", "memory_stats", "device_count", "is_bf16_supported",
-             "set_rng_state", "get_rng_state_all", "set_rng_state_all", "stream")  # fmt: skip
+#: ... those that answer without CUDA anyway, but nothing of the target (0, {}): NPU304 reports them, handled, since
+#: the redirect answers the target's figures ...
+TARGET_FIGURES = ("memory_reserved", "max_memory_reserved", "memory_stats")
+#: ... and those that answer without CUDA anyway (0, False, a null context): no rule reports them.
+ANSWERING = ("device_count", "is_bf16_supported", "set_rng_state", "get_rng_state_all", "set_rng_state_all",
+             "stream")  # fmt: skip
 
 
 def _cuda(code: str, names: Iterable[str]) -> Dict[str, str]:
@@ -98,7 +101,7 @@ RULES: Dict[str, Dict[str, str]] = {
         # NPU304: every other call that raises without CUDA and that the redirect answers. Stream, device and the
         # legacy tensor types are answered as classes (isinstance keeps working), which nothing counts: NPU304
         # findings of those are handled but never listed by run.
-        **_cuda("NPU304", RAISING),
+        **_cuda("NPU304", RAISING + TARGET_FIGURES),
         # NPU307 / NPU308: torch.amp's __init__, which torch.cuda.amp's classes call too. GradScaler() without a
         # device means CUDA, and counts, as NPU308 reports it.
         "autocast": "NPU307",
