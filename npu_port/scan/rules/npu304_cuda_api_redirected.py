@@ -89,7 +89,10 @@ class CudaApiRedirected(Rule):
         yield from self._classes(source)
 
     def _classes(self, source: PythonFile) -> Iterator[Finding]:
-        """``torch.cuda.Event`` / ``Stream`` read as a value: not called, not in an annotation."""
+        """``torch.cuda.Event`` / ``Stream`` read as a value: not called, not in an annotation. A file that never
+        writes either word is not walked (every name of a file is a lot of nodes)."""
+        if not any(name in source.text for name in CLASSES):
+            return
         names = _class_names(source)
         for node in [*source.of(ast.Attribute), *source.of(ast.Name)]:  # each list as the file keeps it
             if isinstance(node, ast.Attribute):
