@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..scan.targets import TARGETS
 from .scan_cmd import add_rule_selection, codes
 
 NEEDS_TORCH = False  # rewriting code needs no torch
@@ -31,7 +32,7 @@ def add_parser(commands) -> None:
     )
     parser.add_argument(
         "--target",
-        choices=("torch", "npu-port"),
+        choices=TARGETS,
         default="torch",
         help="what the fixes call: torch's device-agnostic API (default; torch >= 2.6, else npu_port's helpers) or "
         "npu_port's helpers",

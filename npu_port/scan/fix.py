@@ -277,6 +277,11 @@ def fix_file(path: str, selected: Sequence[Type[Rule]], unsafe: bool = False, ta
     for index, finding in enumerate(found):
         rule = by_code.get(finding.code)
         if rule is not None and fixable(finding, unsafe) and rule.rewrite is not Rule.rewrite:
+            if rule.fix_targets is not None and target not in rule.fix_targets:  # listed, saying which target fixes it
+                wants = ", ".join(f"--target {t}" for t in rule.fix_targets)
+                message = f"{finding.message} (fixed by {wants})"
+                found[index] = dataclasses.replace(finding, fix="manual", message=message)
+                continue
             missing = _torch_too_old(rule.fix_needs_torch)
             if missing is not None:  # the rewrite would not run here: said, with the manual ones
                 found[index] = dataclasses.replace(finding, fix="manual", message=f"{finding.message} ({missing})")

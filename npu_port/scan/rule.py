@@ -117,6 +117,10 @@ class Rule:
     #: The torch release the rewritten code needs (``"2.3"``); ``fix`` leaves the finding, saying so, where the torch
     #: installed beside it is older or absent. None: any torch npu-port supports.
     fix_needs_torch: ClassVar[Optional[str]] = None
+    #: The ``fix --target`` values the rewrite is for (None: every target). A rewrite that brings npu-port into the
+    #: project (the drop-in guard around ``import flash_attn``) is not made for ``torch``, whose fixes need nothing
+    #: but torch: the finding is listed, saying which target makes it.
+    fix_targets: ClassVar[Optional[Tuple[str, ...]]] = None
     #: Whether :meth:`rewrite` replaces the whole statement, not the node: it is then given the small statement found
     #: (``import flash_attn``) on a line of its own — a ``SimpleStatementLine``, with the comments above it and the
     #: line's trailing one — and returns the statements to put there (a ``try``, which no line can hold).

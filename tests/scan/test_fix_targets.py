@@ -217,3 +217,13 @@ def test_the_python_api_targets_torch_by_default_and_names_the_targets_for_an_un
     with pytest.raises(ScanError) as raised:
         fix([str(path)], target="cuda")
     assert str(raised.value) == "unknown fix target 'cuda'; the targets are torch, npu-port"
+
+
+def test_the_drop_in_guard_is_made_for_the_npu_port_target_only_and_said_for_torch(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("from flash_attn import flash_attn_func\n", encoding="utf-8")
+    (torch_fix,) = fix([str(path)], target="torch")
+    assert torch_fix.new is None and [(f.code, f.fix) for f in torch_fix.left] == [("NPU101", "manual")]
+    assert torch_fix.left[0].message.endswith("(fixed by --target npu-port)")
+    (helper_fix,) = fix([str(path)], target="npu-port")
+    assert 'install_dropins("flash_attn", broken=True)' in helper_fix.new

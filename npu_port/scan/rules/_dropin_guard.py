@@ -140,6 +140,7 @@ class DropInImport(Rule):
     targets = ("npu", "cpu", "gpu")
     fix = "safe"
     rewrites_statement = True
+    fix_targets = ("npu-port",)  # the guard imports npu-port's drop-in: not a fix that needs nothing but torch
     broken: ClassVar[str] = ""
 
     def check(self, source: PythonFile) -> Iterator[Finding]:
