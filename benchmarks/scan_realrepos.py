@@ -3,6 +3,7 @@ repositories (benchmarks/scan_inventory/<repo>.yaml, made by reading the code, n
 
     python benchmarks/scan_realrepos.py /tmp/scanrepos                 # a folder of `git clone`s, one per inventory
     python benchmarks/scan_realrepos.py /tmp/scanrepos --out /tmp/r.json --rounds 3
+    python benchmarks/scan_realrepos.py /tmp/heldout --inventory benchmarks/scan_inventory_heldout   # held-out set
 
 Each clone must sit at its inventory's commit (checked). A finding is mapped to a category by its rule code (CATEGORY
 below) and matched to an inventory item by (path, line) within that category; a code with several candidate
@@ -96,6 +97,18 @@ def scan(paths: list[Path], cwd: Path) -> tuple[float, dict]:
         return seconds, json.loads(done.stdout)
     except json.JSONDecodeError:
         raise SystemExit(f"scan_realrepos: the scan in {cwd} failed ({done.returncode}):\n{done.stderr}") from None
+
+
+def scanner(cwd: Path) -> str:
+    """Where the npu_port that `python -m npu_port` imports outside this checkout lives, and its commit."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import npu_port; print(npu_port.__file__)"], cwd=cwd, capture_output=True, text=True
+    )
+    package = Path(found.stdout.strip()).parent
+    try:
+        return f"{package} at {_git(package, 'rev-parse', '--short', 'HEAD')}"
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return str(package)
 
 
 CUDA_SOURCES = (".cu", ".cuh")
@@ -194,11 +207,17 @@ def main() -> int:
     parser.add_argument("folder", type=Path, help="a folder of git clones named as the inventories")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scan_realrepos.json")
+    parser.add_argument(
+        "--inventory",
+        type=Path,
+        default=INVENTORY,
+        help="folder of <repo>.yaml inventories (held-out: scan_inventory_heldout)",
+    )
     args = parser.parse_args()
     amp_codes(
         subprocess.run([sys.executable, "-m", "npu_port", "scan", "--rules"], capture_output=True, text=True).stdout
     )
-    inventories = {p.stem: yaml.safe_load(p.read_text(encoding="utf-8")) for p in sorted(INVENTORY.glob("*.yaml"))}
+    inventories = {p.stem: yaml.safe_load(p.read_text(encoding="utf-8")) for p in sorted(args.inventory.glob("*.yaml"))}
     clones = sorted(p for p in args.folder.iterdir() if (p / ".git").exists())
     total = {c: collections.Counter() for c in (*CATEGORIES, "overall")}
     repos, unmatched, missed, apart = [], [], [], []
@@ -270,7 +289,10 @@ def main() -> int:
     payload = {
         "what": "npu-port scan against a hand-made inventory of CUDA-only code (issue 28), by category",
         "command": " ".join(["python", *sys.argv]),
+        "inventory": str(args.inventory),
         "npu_port_commit": _git(ROOT, "rev-parse", "--short", "HEAD"),
+        # the scan runs from each clone, so it uses the installed npu_port, which need not be this checkout's
+        "scanner": scanner(args.folder),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()} (shared, noisy)",
         "recorded": time.strftime("%Y-%m-%d"),
         "all_clones_one_scan_seconds": together,
