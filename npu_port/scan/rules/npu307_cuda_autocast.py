@@ -7,7 +7,15 @@ from typing import Any, Iterator, Optional
 
 from ..context import PythonFile
 from ..rule import Finding, Rule, register_rule
-from ._device import AUTOCAST, argument, guarded_finding, is_cuda_literal, literal_part, without_device
+from ._device import (
+    AUTOCAST,
+    argument,
+    guarded_finding,
+    is_cuda_literal,
+    literal_part,
+    single_value,
+    without_device,
+)
 
 #: ``torch.cuda.amp.autocast`` under the names it is imported by.
 CUDA_AMP_AUTOCAST = ("torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast")
@@ -70,6 +78,12 @@ class CudaAutocast(Rule):
                 at = literal_part(source, device)  # type: ignore[arg-type]
                 plain = isinstance(device, ast.Constant) and device.value == "cuda"  # "cuda:0" is no device type
                 fixable = plain and _plain_arguments(call, ("device_type", *MODERN), keywords=True)
+            elif qualified is None and is_cuda_literal(argument(call, 0, "device_type")):
+                chosen = _autocast_alias(source, call)  # `scope = autocast if amp else nullcontext; scope("cuda")`
+                if chosen is None:
+                    continue
+                device = argument(call, 0, "device_type")
+                at, fixable = literal_part(source, device), False  # type: ignore[arg-type]
             else:
                 continue
             yield guarded_finding(
@@ -115,6 +129,22 @@ class CudaAutocast(Rule):
                 comma = last if position == len(missing) - 1 else separator
                 named.append(cst.Arg(cst.parse_expression(value), keyword=cst.Name(name), equal=equal, comma=comma))
         return node.with_changes(func=func, args=call_for("autocast", self.target, named))
+
+
+def _autocast_alias(source: PythonFile, call: ast.Call) -> Optional[ast.AST]:
+    """The assignment's conditional that makes ``call``'s name torch's autocast on one branch (``precision_scope =
+    autocast if opt.precision == "autocast" else nullcontext``: assigned once in its scope), or None."""
+    if not isinstance(call.func, ast.Name):
+        return None
+    value = single_value(source, call.func)
+    if not isinstance(value, ast.IfExp):
+        return None
+    branches = (value.body, value.orelse)
+    return (
+        value
+        if any(source.resolve(b) in AUTOCAST for b in branches if isinstance(b, (ast.Name, ast.Attribute)))
+        else None
+    )
 
 
 #: What ``torch.cuda.amp.autocast`` passes ``torch.autocast`` when it is given nothing.

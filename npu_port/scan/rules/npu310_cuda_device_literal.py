@@ -6,7 +6,7 @@ import ast
 import re
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from ..context import PythonFile
+from ..context import LOCAL, PythonFile
 from ..rule import Finding, Rule, register_rule
 from ._device import (
     AUTOCAST,
@@ -57,6 +57,38 @@ def _literal(source: PythonFile, value: ast.AST) -> Optional[ast.AST]:
         if assigned is not None and is_cuda_literal(assigned):
             return assigned
     return None
+
+
+def _to_own_device_parameter(source: PythonFile, call: ast.Call, qualified: Optional[str]) -> List[ast.AST]:
+    """The CUDA literals ``call`` passes by position to a device-named parameter of a function the file defines at
+    module level (``def collate_fn(data, device)`` ... ``collate_fn(batch, "cuda:0")``): the keyword form is read
+    with the other device keywords."""
+    if qualified is not None or not isinstance(call.func, ast.Name) or not call.args:
+        return []
+    function = _own_functions(source).get(call.func.id)
+    if function is None or source.binding(call.func.id, call) != LOCAL:
+        return []
+    parameters = function.args.posonlyargs + function.args.args
+    found = []
+    for parameter, value in zip(parameters, call.args):
+        if isinstance(value, ast.Starred):
+            break
+        if is_device_name(parameter.arg) and is_cuda_literal(value):
+            found.append(value)
+    return found
+
+
+def _own_functions(source: PythonFile) -> Dict[str, ast.AST]:
+    """The functions the file defines at module level, by name (defined once); computed once per file."""
+
+    def compute() -> Dict[str, ast.AST]:
+        seen: Dict[str, List[ast.AST]] = {}
+        for node in source.tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                seen.setdefault(node.name, []).append(node)
+        return {name: nodes[0] for name, nodes in seen.items() if len(nodes) == 1}
+
+    return source.cached("own_functions", compute)
 
 
 def _function_name(source: PythonFile, node: ast.AST) -> str:
@@ -121,6 +153,8 @@ class CudaDeviceLiteral(Rule):
                 literal = _literal(source, value)
                 if literal is not None:
                     found.setdefault(id(literal), (literal, LITERAL))
+            for value in _to_own_device_parameter(source, call, qualified):  # collate(batch, "cuda:0")
+                found.setdefault(id(value), (value, LITERAL))
             if qualified is None and isinstance(call.func, ast.Name) and call.func.id == "dict":  # dict(gpu="cuda")
                 for item in call.keywords:
                     if item.arg is not None and is_cuda_literal(item.value):
