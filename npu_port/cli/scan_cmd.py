@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..scan.rule import SEVERITIES
-
+#: npu_port.scan.rule.SEVERITIES, most serious first, and "never" (written out: building the CLI's parsers must not
+#: import the scan package, which `npu-port run` does not need; tests/scan/test_guarded.py checks the two agree).
+SEVERITIES = ("import", "runtime", "handled", "perf", "deprecated", "guarded", "info")
 SEVERITY_CHOICES = (*SEVERITIES, "never")
 NEEDS_TORCH = False  # reading code needs no torch: a scan works where torch is broken
 

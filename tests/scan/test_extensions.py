@@ -92,6 +92,7 @@ def test_calls_into_a_loaded_extension_are_runtime_and_guarded_ones_name_their_g
     )
 
 
-def test_a_cpp_only_load_gives_no_call_finding_and_a_served_extension_a_handled_one(tmp_path):
+def test_a_cpp_only_load_gives_no_call_finding_and_a_served_extension_an_info_one(tmp_path):
     body = 'cpu = load("cpu", sources=["a.cpp"])\ncpu.forward(1)\nimport alt_cuda_corr\nalt_cuda_corr.forward(1)\n'
-    assert [(line, severity) for line, code, severity in _codes(tmp_path, body) if code == "NPU506"] == [(4, "handled")]
+    found = [(line, severity) for line, code, severity in _codes(tmp_path, body) if code == "NPU506"]
+    assert found == [(4, "info")]  # NPU103 on the import is the handled one

@@ -156,3 +156,11 @@ def test_every_report_format_carries_the_new_severities(tmp_path):
     text = report.text_report(result)
     assert "NPU317 deprecated: `torch.cuda.amp` is deprecated" in text
     assert "NPU301 guarded: `.cuda()` needs a CUDA device (guarded by" in text
+
+
+def test_the_cli_writes_out_the_severities_and_targets_the_scan_package_defines():
+    from npu_port.cli import fix_cmd, scan_cmd
+    from npu_port.scan.rule import SEVERITIES
+    from npu_port.scan.targets import TARGETS
+
+    assert scan_cmd.SEVERITIES == SEVERITIES and fix_cmd.TARGETS == TARGETS

@@ -27,7 +27,8 @@ class CudaExtensionCall(Rule):
     None:``, ``if torch.cuda.is_available():``), or in a ``try`` with an ``except`` — is ``guarded``, the check
     named: the fallback is already beside it. A call into a kernel package imported in the same function is left to
     that import's finding (NPU105 / NPU106), which marks the path. A call into an extension npu-port ships a
-    fallback for (``alt_cuda_corr``) is ``handled``: ``npu-port run`` serves it.
+    fallback for (``alt_cuda_corr``) is ``info``: ``npu-port run`` serves the module where it is imported (NPU103,
+    ``handled``, which is what run counts), so the call has nothing left to do.
 
     Example::
 
@@ -68,8 +69,8 @@ class CudaExtensionCall(Rule):
             text = f"`{ast.unparse(call.func)}()` calls into {kind} {what}"
             check = _check(source, call, name)
             if root is not None and served_by_fallback(root):
-                served = f"{text}: npu-port run serves it with npu-port's PyTorch fallback"
-                yield source.finding(self, call, served, severity="handled")
+                served = f"{text}: npu-port run serves it with npu-port's PyTorch fallback (NPU103 on its import)"
+                yield source.finding(self, call, served, severity="info")
             elif check is None:
                 message = (
                     f"{text}: it raises where the extension could not be built or imported; give it a PyTorch fallback"
