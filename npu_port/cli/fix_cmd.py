@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         if one.problem:
             lines.append(f"{one.path}: {one.problem}")
     left = [finding for one in fixes for finding in one.left]
-    manual = [f for f in left if f.fix == "manual" and f.severity in ("import", "runtime", "perf")]
+    manual = [f for f in left if f.fix == "manual" and f.severity in ("import", "runtime", "perf", "deprecated")]
     handled = [f for f in left if f.fix == "manual" and f.severity == "handled"]
     unsafe = [f for f in left if f.fix == "unsafe" and f.severity != "info"]
     if unsafe:  # a rewrite exists, and may change behaviour: only when asked

@@ -39,7 +39,7 @@ def summary_lines(result: ScanResult) -> List[str]:
     scanned = len(result.files)
     parsed = sum(1 for f in result.files if f.parsed)
     found = result.findings
-    manual = sum(1 for f in found if f.severity in ("import", "runtime", "perf") and f.fix == "manual")
+    manual = sum(1 for f in found if f.severity in ("import", "runtime", "perf", "deprecated") and f.fix == "manual")
     fixable = sum(1 for f in found if f.fix == "safe")
     lines = [f"{scanned} files scanned ({parsed} looked at by rules: the others mention nothing a rule looks for)"]
     for severity in SEVERITIES:

@@ -164,3 +164,13 @@ def test_the_cli_writes_out_the_severities_and_targets_the_scan_package_defines(
     from npu_port.scan.targets import TARGETS
 
     assert scan_cmd.SEVERITIES == SEVERITIES and fix_cmd.TARGETS == TARGETS
+
+
+def test_fix_lists_a_deprecated_import_it_leaves_among_the_manual_changes(tmp_path, capsys):
+    from npu_port.cli.main import main
+
+    path = tmp_path / "m.py"
+    path.write_text("from torch.cuda.amp import autocast\n", encoding="utf-8")
+    assert main(["fix", str(path)]) == 0  # nothing to rewrite: only the import, a manual change
+    err = capsys.readouterr().err
+    assert f"1 need a manual change:\n  {path}:1:1 NPU317 " in err
