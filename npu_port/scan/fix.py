@@ -93,9 +93,7 @@ def fixable(finding: Finding, unsafe: bool) -> bool:
     return finding.fix == "safe" or (unsafe and finding.fix == "unsafe")
 
 
-def _rewrite(
-    text: str, wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]], target: str = "npu-port"
-) -> Tuple[str, List[Finding]]:
+def _rewrite(text: str, wanted: Dict[Span, List[Tuple[Type[Rule], Finding]]], target: str) -> Tuple[str, List[Finding]]:
     """Apply the rewrites at ``wanted`` spans for ``target``; returns the new text and the findings rewritten."""
     try:
         import libcst as cst
@@ -342,7 +340,7 @@ def fix(
         raise ScanError(f"unknown fix target {target!r}; the targets are {', '.join(targets.TARGETS)}")
     target = targets.resolve(target)[0]
     chosen = select_rules(select, ignore)
-    severities = [s for s in split_selection(select)[1]]
+    severities = split_selection(select)[1]
     result = scan(paths, select=[r.code for r in chosen] + severities, ignore=split_selection(ignore)[1], jobs=1)
     fixes: List[FileFix] = []
     by_code = {r.code: r for r in chosen}
