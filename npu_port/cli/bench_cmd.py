@@ -1,10 +1,5 @@
 """``npu-port bench``: time every attention strategy on the shapes that matter, on this machine.
 
-    npu-port bench                                    # every strategy that can run here, the device's default shapes
-    npu-port bench --strategies vanilla,sdpa,auto --shapes seq1024,sd-64x64 --dtype float16 --out bench-results
-    npu-port bench --device npu --shapes all --out results/   # bench.csv, bench.json (with the machine), bench.png
-    npu-port bench --shapes custom:2,8,4096,40        # any self-attention size: B,H,S,D
-
 The exit code is 0 when every cell that ran gave finite output within the dtype's tolerance, 1 when a strategy
 accepted a shape and then failed or disagreed with the float64 reference (refusals are results, not failures), 2 for
 a bad option, 130 when stopped with Ctrl-C: what was measured until then is printed and written, marked PARTIAL.
@@ -14,10 +9,16 @@ The work is in :mod:`npu_port.bench`; this module only parses and prints, and im
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from ..errors import EXIT_ON_CTRL_C as EXIT_INTERRUPTED  # 128 + SIGINT, as a shell reports Ctrl-C
+from .vocabulary import add_command, add_format, add_no_progress, add_output, add_verbosity, note, wants_json
+
+DRAWS_PROGRESS = True
+#: -o/--output: the folder for bench.csv, bench.json and bench.png.
+PRIMARY_OUTPUT = "results folder"
 
 
 def _at_least(minimum: int):
@@ -34,9 +35,16 @@ def _at_least(minimum: int):
 
 
 def add_parser(commands: "argparse._SubParsersAction") -> None:
-    parser = commands.add_parser(
+    parser = add_command(
+        commands,
         "bench",
         help="benchmark attention strategies over shapes (time, memory, TFLOP/s, parity)",
+        example=[
+            "npu-port bench",
+            "npu-port bench --strategies vanilla,sdpa,auto --shapes seq1024,sd-64x64 --dtype float16 -o bench-results",
+            "npu-port bench --device npu --shapes all -o results/",
+            "npu-port bench --shapes custom:2,8,4096,40 --format json",
+        ],
         description="Time each attention strategy on named shapes: median time, peak memory, TFLOP/s, error against "
         "a float64 reference, the kernel that ran (what auto picked), or why it cannot run.",
     )
@@ -66,12 +74,18 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
         help="largest score tensor a kernel may materialise, e.g. 4GiB; larger is refused without running "
         "(default: auto's budget, a quarter of the device's free memory)",
     )
-    parser.add_argument("--out", metavar="DIR", help="write bench.csv, bench.json and bench.png here")
-    parser.add_argument("--no-plot", action="store_true", help="with --out: skip bench.png (no matplotlib needed)")
+    add_output(parser, "write bench.csv, bench.json and bench.png in this folder", metavar="DIR", old=["--out"])
+    parser.add_argument("--no-plot", action="store_true", help="with --output: skip bench.png (no matplotlib needed)")
+    add_format(parser, help="what to print: text (the table) or json (the whole report; default text)")
+    add_verbosity(parser)
+    add_no_progress(parser)
 
 
-def _progress(total: int):
-    """A tqdm bar on stderr (hidden when stderr is not a terminal); None if tqdm is missing — progress is cosmetic."""
+def _progress(total: int, wanted: bool = True):
+    """A tqdm bar on stderr (hidden when stderr is not a terminal); None if tqdm is missing or the bar is not
+    wanted — progress is cosmetic."""
+    if not wanted:
+        return None
     try:
         from tqdm import tqdm
     except ImportError:
@@ -80,22 +94,22 @@ def _progress(total: int):
 
 
 def check_out(out: str, plot: bool) -> None:
-    """Refuse an ``--out`` the results cannot be written to, before measuring (which takes minutes): a file, a
+    """Refuse an ``--output`` the results cannot be written to, before measuring (which takes minutes): a file, a
     folder that cannot be written, or a result file in it that is a folder or a link onto something else."""
     from ..atomic import folder_problem, link_problem
     from ..bench import BenchError
 
     folder = Path(out).expanduser()
     if folder.exists() and not folder.is_dir():
-        raise BenchError(f"--out {out!r} is not a folder; give a folder for bench.csv, bench.json and bench.png")
+        raise BenchError(f"--output {out!r} is not a folder; give a folder for bench.csv, bench.json and bench.png")
     problem = folder_problem(folder)
     if problem:
-        raise BenchError(f"--out {out!r}: cannot write there ({problem})")
+        raise BenchError(f"--output {out!r}: cannot write there ({problem})")
     for name in ("bench.csv", "bench.json") + (("bench.png",) if plot else ()):
         path = folder / name
         problem = "is a folder; move it away" if path.is_dir() and not path.is_symlink() else link_problem(path)
         if problem:
-            raise BenchError(f"--out {out!r}: {name} in it {problem}")
+            raise BenchError(f"--output {out!r}: {name} in it {problem}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,16 +151,16 @@ def _run(args: argparse.Namespace) -> int:
     if not strategies:
         why = "; ".join(f"{name}: {reason}" for name, reason in skipped_strategies)
         raise BenchError(f"no strategy can run on this machine: {why}")
-    out_dir = Path(args.out).expanduser() if args.out else None
+    out_dir = Path(args.output).expanduser() if args.output else None
     if out_dir is not None:
-        check_out(args.out, plot=not args.no_plot)
+        check_out(args.output, plot=not args.no_plot)
         if not args.no_plot:
             plot.require_matplotlib()
 
     settings = Settings(
         device=device, dtype=resolve_dtype(args.dtype), warmup=args.warmup, repeats=args.repeats, memory_budget=budget
     )
-    bar = _progress(progress_steps(strategies, shapes, settings))
+    bar = _progress(progress_steps(strategies, shapes, settings), not (args.no_progress or args.quiet))
     try:
         result = run_bench(
             strategies,
@@ -163,9 +177,14 @@ def _run(args: argparse.Namespace) -> int:
             bar.close()
     result.settings["requested"] = {"strategies": args.strategies, "shapes": args.shapes}
     try:
-        print(report.render_table(result))
+        if wants_json(args):
+            from ..atomic import json_safe
+
+            print(json.dumps(json_safe(result.as_dict()), indent=2, default=str, allow_nan=False))
+        else:
+            print(report.render_table(result))
         if out_dir is not None:
-            _write(result, out_dir, plot=not args.no_plot)
+            _write(result, out_dir, plot=not args.no_plot, args=args)
     except KeyboardInterrupt:  # a second Ctrl-C while writing: each file is whole or untouched (atomic writes)
         print(
             "npu-port: interrupted again while writing the results; files not yet written were left as they were",
@@ -178,7 +197,7 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if broken else 0
 
 
-def _write(result, out_dir: Path, plot: bool) -> None:
+def _write(result, out_dir: Path, plot: bool, args: argparse.Namespace) -> None:
     """bench.csv, bench.json and (unless --no-plot) bench.png, each written atomically. For a partial run a plot
     that cannot be drawn is said, not raised: the CSV and JSON are what matter then."""
     from ..bench import plot as plotting
@@ -199,4 +218,8 @@ def _write(result, out_dir: Path, plot: bool) -> None:
                 f"npu-port: bench.png not drawn for the partial results: {type(exc).__name__}: {exc}", file=sys.stderr
             )
     label = "wrote partial results: " if result.partial else "wrote "
-    print(label + ", ".join(str(out_dir / name) for name in written))
+    line = label + ", ".join(str(out_dir / name) for name in written)
+    if wants_json(args):  # stdout holds the JSON alone
+        note(args, f"npu-port: {line}")
+    elif not args.quiet:
+        print(line)

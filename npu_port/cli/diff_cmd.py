@@ -1,10 +1,5 @@
 """``npu-port diff``: record a run module by module, or compare two runs and name where they first part.
 
-    npu-port diff dump --model tiny-dit --device npu --dtype float16 --strategy npu --steps 2 -o npu.d
-    npu-port diff cpu.d npu.d                                 # two dumps, from this machine or another
-    npu-port diff --model tiny --a strategy=vanilla --b strategy=sdpa,dtype=bfloat16    # both sides run now
-    npu-port diff cpu.d --b strategy=npu                      # a dump and a side run now with the dump's request
-
 A side is a dump folder (``npu-port diff dump``, ``npu-port run --dump``; a folder of ``rank-N`` dumps is compared
 rank by rank) or a spec run now: ``key=value`` pairs (device, dtype, strategy, profile, fuse_ops with ``+`` between
 ops) over the command's own model options. The first word ``dump`` records instead (a dump folder named ``dump`` is
@@ -25,22 +20,40 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import EXIT_ON_CTRL_C
 from .infer_cmd import add_model_arguments
+from .vocabulary import add_command, add_format, add_no_progress, add_output, add_verbosity, note, wants_json
+
+#: Recording draws a bar of the tensors written (``--no-progress`` turns it off).
+DRAWS_PROGRESS = True
+#: -o/--output: the dump folder of npu-port diff dump.
+PRIMARY_OUTPUT = "dump folder"
+#: ``npu-port diff`` with nothing after it is a usage error: the help, on stderr, exit 2 (cli.main).
+NEEDS_ARGUMENTS = True
 
 #: Request options a spec side takes from a dump's meta when the command line leaves them out; their own defaults.
 REQUEST_DEFAULTS = {"model": "tiny", "steps": 2, "seed": 0, "prompt": "a lighthouse at dusk, oil painting",
                     "guidance_scale": 4.0, "negative_prompt": None, "class_label": None, "height": None,
                     "width": None, "frames": None}  # fmt: skip
 #: Options of the comparison only (flag, dest).
-COMPARE_ONLY = (("--a", "a"), ("--b", "b"), ("--keep", "keep"), ("--json", "json"), ("--plot", "plot"),
+COMPARE_ONLY = (("--a", "a"), ("--b", "b"), ("--keep", "keep"), ("--format json", "format"), ("--plot", "plot"),
                 ("--tolerance", "tolerance"), ("--bisect", "bisect"))  # fmt: skip
 RANK_PREFIX = "rank-"
 
 
 def add_parser(commands: "argparse._SubParsersAction") -> None:
-    parser = commands.add_parser(
+    parser = add_command(
+        commands,
         "diff",
         help="find where two runs part: record module by module (diff dump), compare dumps or specs run now",
-        description=__doc__.split("\n\n")[0],
+        description="Record a run module by module (npu-port diff dump -o DIR), or compare two runs and name the "
+        "module where they first part. A side is a dump folder (from diff dump or npu-port run --dump; a folder of "
+        "rank-N dumps is compared rank by rank) or a spec run now: key=value pairs (device, dtype, strategy, profile, "
+        "fuse_ops with + between ops) over the command's own model options.",
+        example=[
+            "npu-port diff dump --model tiny-dit --device cpu --strategy vanilla --steps 2 -o cpu.d",
+            "npu-port diff cpu.d npu.d",
+            "npu-port diff --model tiny --a strategy=vanilla --b strategy=sdpa,dtype=bfloat16",
+            "npu-port diff cpu.d --b strategy=sdpa --format json",
+        ],
     )
     parser.add_argument("sides", nargs="*", metavar="A B",
                         help="two dump folders (or one, with --a / --b); 'dump' to record one")  # fmt: skip
@@ -49,12 +62,12 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
     attention.add_argument("--fuse-ops", default=None, metavar="OP,OP",
                            help="fused ops to apply (rms_norm, rope, geglu_exact, geglu_tanh, adaln)")  # fmt: skip
     record = parser.add_argument_group("recording")
-    record.add_argument("-o", "--output", default=None, metavar="DIR", help="diff dump: the dump folder to write")
+    add_output(record, "diff dump: the dump folder to write", metavar="DIR")
     record.add_argument("--full", default=None, metavar="PATTERNS",
                         help="module paths (shell patterns, comma-separated; 'all') kept whole")  # fmt: skip
     record.add_argument("--sample", type=int, default=None, metavar="N",
                         help="elements sampled per tensor (default 256)")  # fmt: skip
-    record.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_no_progress(record)
     compare = parser.add_argument_group("comparing")
     compare.add_argument("--a", default=None, metavar="SPEC", help="side A run now: key=value,... over the options")
     compare.add_argument("--b", default=None, metavar="SPEC", help="side B run now (e.g. strategy=npu,dtype=float16)")
@@ -62,11 +75,12 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
     compare.add_argument("--tolerance", type=float, default=None,
                          help="largest error (relative to the tensor's scale) accepted, for every dtype")  # fmt: skip
     compare.add_argument("--top", type=int, default=10, help="divergent calls listed after the first (default 10)")
-    compare.add_argument("--json", action="store_true", help="the comparison as JSON on stdout")
+    add_format(compare, help="the comparison as text (default) or as JSON on stdout")
     compare.add_argument("--plot", default=None, metavar="PATH", help="error per module call as .png or .html")
     compare.add_argument("--bisect", action="store_true",
                          help="with --a / --b run now: name the setting (strategy, dtype, fuse_ops) and the modules "
                               "that make B part from A")  # fmt: skip
+    add_verbosity(parser)
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -146,7 +160,7 @@ def _refuse_flags(args: argparse.Namespace, flags, why: str) -> None:
 
     for flag, dest in flags:
         value = getattr(args, dest)
-        if value is not None and value is not False:
+        if value is not None and value is not False and value != "text":
             raise DiffError(f"{flag} {why}")
 
 
@@ -181,9 +195,9 @@ def _run(side: Any, out: Any, args: argparse.Namespace, full: Any) -> Path:
 
     cache, warning = cache_location()
     if warning:
-        print(f"npu-port: {warning}", file=sys.stderr)
-    return run_side(side, out, full=full, sample_size=args.sample, progress=not args.no_progress, cache=cache,
-                    on_build=lambda message: print(f"npu-port: {message}", file=sys.stderr))  # fmt: skip
+        note(args, f"npu-port: {warning}")
+    return run_side(side, out, full=full, sample_size=args.sample, progress=not (args.no_progress or args.quiet),
+                    cache=cache, on_build=lambda message: note(args, f"npu-port: {message}"))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- compare
@@ -296,8 +310,8 @@ def _compare(args: argparse.Namespace) -> int:
             if kind == "dump":
                 dumps.append(value)
                 continue
-            print(f"npu-port: running side {label.upper()}: {value.model}, {value.device}, "
-                  f"{str(value.dtype).replace('torch.', '')}, strategy {value.strategy}", file=sys.stderr)  # fmt: skip
+            note(args, f"npu-port: running side {label.upper()}: {value.model}, {value.device}, "
+                       f"{str(value.dtype).replace('torch.', '')}, strategy {value.strategy}")  # fmt: skip
             dumps.append(Dump(_run(value, folder / f"{label}.d", args, full)))
         return _report({None: tuple(dumps)}, args)
 
@@ -358,7 +372,7 @@ def _bisect(planned, args: argparse.Namespace, full: Any) -> int:
         runner = PipelineRunner(loaded.pipe, run_request, args.keep or scratch, full=full, sample_size=args.sample)
         result = bisect(runner, settings(a), settings(b),
                         compare=lambda x, y: compare_dumps(x, y, tolerance=args.tolerance))  # fmt: skip
-    if args.json:
+    if wants_json(args):
         print(json.dumps(result.as_dict(), indent=2, allow_nan=True, default=str))
     else:
         print(result.text())
@@ -384,7 +398,7 @@ def _report(pairs: Dict[Optional[int], Tuple[Any, Any]], args: argparse.Namespac
         from ..diff.plot import write_plot
 
         write_plot(overall, args.plot)
-    if args.json:
+    if wants_json(args):
         if list(reports) == [None]:
             data = overall.as_dict()
         else:
@@ -401,7 +415,7 @@ def _report(pairs: Dict[Optional[int], Tuple[Any, Any]], args: argparse.Namespac
         print(f"overall: first divergence on rank {overall_rank}: {first.module}, step {first.step}" if first
               else "overall: no divergence on any rank")  # fmt: skip
     if args.plot:
-        print(f"plot: {args.plot}", file=sys.stderr)
+        note(args, f"plot: {args.plot}")
     return 1 if overall.first_divergence is not None else 0
 
 

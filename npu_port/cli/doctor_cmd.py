@@ -15,6 +15,8 @@ import argparse
 import json
 import sys
 
+from .vocabulary import add_command, add_format, add_verbosity, wants_json
+
 #: Read by cli.main: run this command even when ``import torch`` fails.
 NEEDS_TORCH = False
 EXIT_INTERNAL_ERROR = 2
@@ -23,10 +25,19 @@ EXIT_UNKNOWN_CODE = 2
 
 
 def add_parser(commands: "argparse._SubParsersAction") -> None:
-    parser = commands.add_parser(
-        "doctor", help="diagnose torch, torch_npu, CANN, devices, attention kernels and settings; say how to fix"
+    parser = add_command(
+        commands,
+        "doctor",
+        help="diagnose torch, torch_npu, CANN, devices, attention kernels and settings; say how to fix",
+        example=[
+            "npu-port doctor",
+            "npu-port doctor --format json",
+            "npu-port doctor --explain 507015",
+            "npu-port doctor --explain list",
+        ],
     )
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    add_format(parser)
+    add_verbosity(parser)
     parser.add_argument(
         "--explain",
         nargs="+",
@@ -38,7 +49,7 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.explain:
-        return explain(" ".join(args.explain), as_json=args.json)
+        return explain(" ".join(args.explain), as_json=wants_json(args))
     try:
         from ..doctor import run_doctor
         from ..doctor.report import as_json, render_text
@@ -46,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         if hasattr(sys.stdout, "reconfigure"):  # quoted paths and errors must not fail on a narrow terminal encoding
             sys.stdout.reconfigure(errors="replace")
         result = run_doctor()
-        print(json.dumps(as_json(result), indent=2, default=str) if args.json else render_text(result))
+        print(json.dumps(as_json(result), indent=2, default=str) if wants_json(args) else render_text(result))
         return result.exit_code
     except BrokenPipeError:  # a reader that stopped early (| head): npu-port's entry point ends quietly
         raise

@@ -1,14 +1,17 @@
 """``npu-port fix PATH...``: the scan's safe fixes as a unified diff (a dry run), or applied with ``--write``.
 
 Exit codes as ruff's: a dry run (the diff) and ``--check`` (the names of the files that would change, nothing else)
-exit 1 when something is left to fix, 0 when nothing is; ``--write`` exits 0 once every change is written."""
+exit 1 when something is left to fix, 0 when nothing is; ``--write`` exits 0 once every change is written.
+``--format json`` prints the planned (or, with ``--write``, made) edits as one JSON document instead of the diff."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from .scan_cmd import add_rule_selection, codes
+from .vocabulary import add_command, add_format, add_verbosity, wants_json
 
 #: npu_port.scan.targets.TARGETS, written out: building the parser must not import the scan package (a test checks).
 TARGETS = ("torch", "npu-port")
@@ -17,10 +20,17 @@ NEEDS_TORCH = False  # rewriting code needs no torch
 
 
 def add_parser(commands) -> None:
-    parser = commands.add_parser(
+    parser = add_command(
+        commands,
         "fix",
         help="apply the scan's safe fixes (a unified diff by default; --write to change the files)",
-        description="Rewrite what `npu-port scan` finds and knows how to fix, keeping comments and formatting. By "
+        example=[
+            "npu-port fix project/",
+            "npu-port fix --check project/",
+            "npu-port fix --write project/main.py",
+            "npu-port fix --format json --select NPU1 project/",
+        ],
+        description="Rewrite what npu-port scan finds and knows how to fix, keeping comments and formatting. By "
         "default nothing is written: the unified diff goes to stdout. --write replaces each file atomically, keeping "
         "its permissions; a second run changes nothing. Findings without an automatic fix are listed with what to do.",
     )
@@ -40,6 +50,8 @@ def add_parser(commands) -> None:
         "npu_port's helpers",
     )
     add_rule_selection(parser, "fix")
+    add_format(parser, help="what to print: text (the unified diff) or json (the edits, file by file; default text)")
+    add_verbosity(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"npu-port fix: interrupted; {done}\n")
         return 130
     changed = [f for f in fixes if f.new is not None]
-    if args.check:
+    if wants_json(args) and not args.check:
+        sys.stdout.write(json.dumps(edits(fixes, args.write, note), indent=2) + "\n")
+    elif args.check:
         for one in changed:
             sys.stdout.write(f"would fix {one.path}\n")
     elif not args.write:
@@ -96,7 +110,36 @@ def run(args: argparse.Namespace) -> int:
         lines += [f"  {m.path}:{m.line}:{m.column} {m.code} {m.message} [{m.handled_by}]" for m in handled]
     if not args.write and changed:
         lines.append("dry run: nothing written (--write applies the fixes)")
-    sys.stderr.write("\n".join(lines) + "\n")
+    if args.quiet:  # errors only: the files that could not be fixed
+        lines = [f"{one.path}: {one.problem}" for one in fixes if one.problem]
+    if lines:
+        sys.stderr.write("\n".join(lines) + "\n")
     if args.write:
         return 1 if any(one.unwritten for one in fixes) else 0  # asked to write, and a file could not be
     return 1 if changed else 0  # a dry run or --check with changes pending
+
+
+def _finding(finding) -> dict:
+    return {"path": finding.path, "line": finding.line, "column": finding.column, "code": finding.code,
+            "severity": finding.severity, "fix": finding.fix, "message": finding.message}  # fmt: skip
+
+
+def edits(fixes, written: bool, note) -> dict:
+    """``--format json``: per file the findings fixed, the unified diff and what was left; ``written`` says whether
+    the files were changed (``--write``) or the edits are only planned."""
+    files = []
+    for one in fixes:
+        if one.new is None and not one.problem and not one.left:
+            continue
+        files.append(
+            {
+                "path": one.path,
+                "changed": one.new is not None,
+                "fixed": [_finding(f) for f in one.fixed] if one.new is not None else [],
+                "diff": one.diff() if one.new is not None else "",
+                "left": [_finding(f) for f in one.left],
+                "problem": one.problem,
+                "unwritten": one.unwritten,
+            }
+        )
+    return {"written": written, "note": note, "files": files}

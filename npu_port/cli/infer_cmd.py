@@ -1,12 +1,6 @@
 """``npu-port infer`` (also ``scripts/inference_npu.py``): run a diffusers pipeline on this machine's device with an
 attention strategy, write the image (or video) and a JSON report, or prove a port faithful with ``--compare``.
 
-    npu-port infer                                            # the tiny text-to-image model (random weights)
-    npu-port infer --model ./my-sd-pipeline --prompt "a red fox" --steps 30 --dtype float16
-    npu-port infer --model tiny-wan --frames 9 --output clip.mp4  # a video (frames as images: --output clip.png)
-    npu-port infer --profile ascend-910b --text-encoder-device cpu
-    npu-port infer --compare vanilla,sdpa,chunked,auto        # same seed per strategy: time, max|diff|, PSNR
-
 Exit codes: 0 done (and, with --compare, every image within tolerance of the first); 1 a strategy's image diverged;
 2 bad input (a missing model, a size out of range, an unknown strategy) — one line, no traceback.
 """
@@ -21,6 +15,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import EXIT_ON_CTRL_C as EXIT_INTERRUPTED  # 128 + SIGINT, as a shell reports Ctrl-C
+from .vocabulary import add_command, add_format, add_no_progress, add_output, add_verbosity, note, wants_json
+
+#: The diffusers pipeline draws a bar per denoising loop (``--no-progress`` turns it off).
+DRAWS_PROGRESS = True
+#: -o/--output: the image (or video).
+PRIMARY_OUTPUT = "image"
 
 #: Same as npu_port.infer.models.DTYPES (kept here so that --help never imports torch).
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -74,18 +74,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parallel.add_argument("--cfg-parallel", action="store_true",
                           help="conditional and unconditional halves of guidance on two ranks")  # fmt: skip
     output = parser.add_argument_group("output")
-    output.add_argument("--output", default="outputs/npu-port.png",
-                        help="image path (default outputs/npu-port.png); a video: NAME.mp4 (the 'video' extra), or an "
-                             "image path for one image per frame (NAME-000.png, ...)")  # fmt: skip
+    add_output(output, "image path (default outputs/npu-port.png); a video: NAME.mp4 (the 'video' extra), or an "
+               "image path for one image per frame (NAME-000.png, ...)", "PATH", "outputs/npu-port.png")  # fmt: skip
     output.add_argument("--report", default=None, help="JSON report path (default: the image path with .json)")
-    output.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_format(output, help="what to print: text (a summary) or json (the report, as written to --report)")
+    add_verbosity(output)
+    add_no_progress(output)
 
 
 def add_parser(commands: "argparse._SubParsersAction") -> None:
-    parser = commands.add_parser(
+    parser = add_command(
+        commands,
         "infer",
         help="generate an image with a diffusers pipeline and an attention strategy (time, memory, --compare)",
-        description=__doc__.split("\n\n")[0],
+        description="Run a diffusers pipeline on this machine's device with an attention strategy; write the image "
+        "(or video) and a JSON report, or compare strategies on the same seed with --compare.",
+        example=[
+            "npu-port infer --model tiny --steps 2",
+            'npu-port infer --model ./my-sd-pipeline --prompt "a red fox" --steps 30 --dtype float16',
+            "npu-port infer --model tiny-wan --frames 9 -o clip.mp4",
+            "npu-port infer --profile ascend-910b --text-encoder-device cpu",
+            "npu-port infer --model tiny --steps 2 --compare vanilla,sdpa,chunked,auto --format json",
+        ],
     )
     add_arguments(parser)
 
@@ -167,7 +177,7 @@ def _preflight(args: argparse.Namespace) -> _Plan:
     outputs = plan_outputs(args.output, args.report, compare, video=model.kind == TEXT_TO_VIDEO if model.kind else None)
     cache, warning = cache_location()
     if warning:
-        print(f"npu-port: {warning}", file=sys.stderr)
+        note(args, f"npu-port: {warning}")
     return _Plan(strategy, compare, device, dtype, encoder_device, request, outputs, cache, layout)
 
 
@@ -293,8 +303,8 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
         plan.device,
         plan.dtype,
         text_encoder_device=plan.encoder_device,
-        progress_bar=not args.no_progress,
-        on_build=lambda message: print(f"npu-port: {message}", file=sys.stderr),
+        progress_bar=not (args.no_progress or args.quiet),
+        on_build=lambda message: note(args, f"npu-port: {message}"),
         cache=plan.cache,
     )
     request = plan.request
@@ -319,9 +329,7 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
     }
     if loaded.random_weights:
         what = "video" if loaded.kind == TEXT_TO_VIDEO else "image"
-        print(
-            f"npu-port: model {loaded.model!r} has random weights: the {what} is noise-like by design", file=sys.stderr
-        )
+        note(args, f"npu-port: model {loaded.model!r} has random weights: the {what} is noise-like by design")
     report_path = plan.outputs.report
     if plan.compare:
         comparison = compare_strategies(loaded, request, plan.compare, args.tolerance)
@@ -331,16 +339,23 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
             details["strategies"][name].update(entry)
         report.update(comparison=details, images=[str(path) for path in files])
         write_set(files, report_path, report, plan.outputs.lock, written, stale)
-        print(comparison.format())
-        print(f"images: {_files_text(files)}; report: {report_path}")
+        if wants_json(args):
+            _print_json(report)
+        else:
+            if not args.quiet:
+                print(comparison.format())
+            print(f"images: {_files_text(files)}; report: {report_path}")
         return 1 if comparison.diverged else 0
     result = generate(loaded, request)
     files, entries, stale = _image_files({None: result}, plan)
     report.update(result.as_dict(), **entries[None])
     write_set(files, report_path, report, plan.outputs.lock, written, stale)
     device_text = f"{plan.device} ({device_name(plan.device)}), {report['dtype']}"
-    print(f"{device_text}, strategy {plan.strategy} -> {result.strategy_resolved}")
-    print(_step_line(result))
+    if wants_json(args):
+        _print_json(report)
+    elif not args.quiet:
+        print(f"{device_text}, strategy {plan.strategy} -> {result.strategy_resolved}")
+        print(_step_line(result))
     if not result.finite:
         print(
             f"npu-port: the image under strategy {plan.strategy} (resolved {result.strategy_resolved}) is not finite "
@@ -349,9 +364,18 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
             file=sys.stderr,
         )
         return 1
-    what = _what(result)
-    print(f"{what}: {_files_text(files)}; report: {report_path}")
+    if not wants_json(args):
+        print(f"{_what(result)}: {_files_text(files)}; report: {report_path}")
     return 0
+
+
+def _print_json(report: Dict[str, Any]) -> None:
+    """``--format json``: the report as written to ``--report`` (non-finite numbers as null), on stdout."""
+    import json
+
+    from ..atomic import json_safe
+
+    print(json.dumps(json_safe(report), indent=2, default=str, allow_nan=False))
 
 
 def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
@@ -365,7 +389,7 @@ def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]
 
     dtype = str(plan.dtype).replace("torch.", "")
     if describe_model(args.model).builtin:
-        print(f"npu-port: model {args.model!r} has random weights: the image is noise-like by design", file=sys.stderr)
+        note(args, f"npu-port: model {args.model!r} has random weights: the image is noise-like by design")
     result, ranks = run_parallel(
         args.model,
         plan.device.type,
@@ -373,10 +397,10 @@ def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]
         plan.request,
         plan.layout,
         plan.cache,
-        not args.no_progress,
+        not (args.no_progress or args.quiet),
         anything=args.ulysses_anything,
         profile=args.profile,
-        on_build=lambda message: print(f"npu-port: {message}", file=sys.stderr),
+        on_build=lambda message: note(args, f"npu-port: {message}"),
     )
     report: Dict[str, Any] = {
         "device": plan.device.type,
@@ -399,16 +423,19 @@ def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]
     files, entries, stale = _image_files({None: result}, plan)
     report.update(result.as_dict(), **entries[None])
     write_set(files, plan.outputs.report, report, plan.outputs.lock, written, stale)
-    print(f"{plan.device.type} x {plan.layout.world} ({plan.layout.describe()}), {dtype}, strategy {plan.strategy} "
-          f"-> {result.strategy_resolved}")  # fmt: skip
-    print(_step_line(result) + " (rank 0)")
-    print("\n".join(rank_lines(ranks)))
+    if wants_json(args):
+        _print_json(report)
+    elif not args.quiet:
+        print(f"{plan.device.type} x {plan.layout.world} ({plan.layout.describe()}), {dtype}, strategy "
+              f"{plan.strategy} -> {result.strategy_resolved}")  # fmt: skip
+        print(_step_line(result) + " (rank 0)")
+        print("\n".join(rank_lines(ranks)))
     if not result.finite:
         print(f"npu-port: the image is not finite ({result.non_finite} values are NaN or inf): no image written; "
               f"report: {plan.outputs.report}", file=sys.stderr)  # fmt: skip
         return 1
-    what = _what(result)
-    print(f"{what}: {_files_text(files)}; report: {plan.outputs.report}")
+    if not wants_json(args):
+        print(f"{_what(result)}: {_files_text(files)}; report: {plan.outputs.report}")
     return 0
 
 

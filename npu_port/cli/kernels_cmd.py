@@ -6,11 +6,18 @@ import argparse
 import json
 from typing import Any, Dict
 
+from .vocabulary import add_command, add_format, add_verbosity, wants_json
+
 
 def add_parser(commands: "argparse._SubParsersAction") -> None:
-    parser = commands.add_parser("kernels", help="list attention kernels and why any cannot run on this machine")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("-v", "--verbose", action="store_true", help="devices, dtypes, limits and options too")
+    parser = add_command(
+        commands,
+        "kernels",
+        help="list attention kernels and why any cannot run on this machine",
+        example=["npu-port kernels", "npu-port kernels --verbose", "npu-port kernels --format json"],
+    )
+    add_format(parser)
+    add_verbosity(parser, "devices, dtypes, limits and options too")
 
 
 def render_text(report: Dict[str, Any], verbose: bool = False) -> str:
@@ -39,5 +46,5 @@ def run(args: argparse.Namespace) -> int:
     from ..attn.report import kernels_report  # imports torch: after the CLI checked that torch imports
 
     report = kernels_report()
-    print(json.dumps(report, indent=2, default=str) if args.json else render_text(report, args.verbose))
+    print(json.dumps(report, indent=2, default=str) if wants_json(args) else render_text(report, args.verbose))
     return 0

@@ -116,12 +116,25 @@ def _quiet_stdout() -> None:
     os.close(null)
 
 
+def subparsers(parser: argparse.ArgumentParser) -> dict:
+    """Command name -> its parser (what ``add_subparsers`` made)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def _main(argv: Optional[List[str]]) -> int:
-    args = _parser().parse_args(argv)
-    if args.command is None:
-        _parser().print_help()
-        return EXIT_OK
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # a usage error: the help goes to stderr, as argparse's errors do
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE_OR_NPU_PORT_ERROR
     command = _command_module(args.command)
+    if getattr(command, "NEEDS_ARGUMENTS", False) and argv[-1:] == [args.command]:  # nothing after the command
+        subparsers(parser)[args.command].print_help(sys.stderr)
+        return EXIT_USAGE_OR_NPU_PORT_ERROR
     problem = _torch_import_problem() if getattr(command, "NEEDS_TORCH", True) else None
     if problem:
         print(problem, file=sys.stderr)

@@ -1,10 +1,5 @@
 """``npu-port plan``: which of a model's attention calls would run fused on an NPU (or another device), from here.
 
-    npu-port plan --device npu --model tiny-flux                 # 910B by default
-    npu-port plan --device npu --chip 910A --model ./my-pipeline --height 1024 --width 1024 --steps 1
-    npu-port plan --device npu --model tiny-wan --strategy auto --json
-    npu-port run --plan --device npu script.py ARGS...          # a script, recorded the same way
-
 The model runs once on this machine's CPU, in the dtype the target would use, with every attention call recorded;
 each call signature is then judged for the target by the strategy's rule and the kernels' own reasons. Exit codes: 0
 a plan was made; 1 with --require-fused when some calls would not run fused; 2 bad input (an unknown model, chip,
@@ -19,8 +14,11 @@ import sys
 from typing import Any, Optional
 
 from .infer_cmd import DTYPES
+from .vocabulary import add_command, add_format, add_output, add_verbosity, note, wants_json
 
 EXIT_NOT_ALL_FUSED = 1
+#: -o/--output: the plan as JSON.
+PRIMARY_OUTPUT = "plan JSON"
 
 
 #: What ``--verbose`` does for ``npu-port plan``.
@@ -30,24 +28,30 @@ PLAN_VERBOSE = "the plan shows every registered kernel's reasons"
 def add_plan_target_arguments(parser: Any, device_help: Optional[str], verbose_help: str = PLAN_VERBOSE) -> None:
     """What ``plan`` and ``run --plan`` share: the target and how the plan is shown (``--device`` unless
     ``device_help`` is None: ``run`` has its own, which ``--plan`` reads as the target; ``run`` says what its
-    ``--verbose`` does without ``--plan`` too)."""
+    ``--verbose`` does without ``--plan`` too, and adds its ``-q/-v`` where the rest of its options are)."""
     if device_help is not None:
         parser.add_argument("--device", default=None, help=device_help)
     parser.add_argument(
         "--chip", default=None, help="the Ascend chip to plan for (--device npu): 910A, 910B, 910C, 950, 310P"
     )
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of the table")
+    add_format(parser, help="print the plan as a table (text, the default) or as JSON")
     parser.add_argument(
         "--require-fused", action="store_true", help="exit 1 unless every attention call would run fused (for CI)"
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
+    if device_help is not None:
+        add_verbosity(parser, verbose_help)
 
 
 def add_parser(commands: "argparse._SubParsersAction") -> None:
-    parser = commands.add_parser(
+    parser = add_command(
+        commands,
         "plan",
         help="which attention calls of a model would run fused on an NPU, and why not (recorded on this machine)",
-        description=__doc__.split("\n\n")[0],
+        example=[
+            "npu-port plan --device npu --model tiny-flux",
+            "npu-port plan --device npu --chip 910A --model ./my-pipeline --height 1024 --width 1024 --steps 1",
+            "npu-port plan --device npu --model tiny-wan --strategy auto --format json -o plan.json",
+        ],
     )
     parser.add_argument(
         "--model",
@@ -68,7 +72,7 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
     )
     parser.add_argument("--width", type=int, default=None)
     parser.add_argument("--frames", type=int, default=None, help="video frames (text-to-video models)")
-    parser.add_argument("--output", default=None, metavar="FILE", help="also write the plan as JSON to FILE")
+    add_output(parser, "also write the plan as JSON to FILE")
 
 
 def plan_target(device: Optional[str], chip: Optional[str]) -> Any:
@@ -97,14 +101,15 @@ def check_output(path: Optional[str]) -> None:
 
 
 def show_plan(plan: Any, args: argparse.Namespace, output: Optional[str] = None) -> int:
-    """Print the plan (text or ``--json``), write ``output``; the exit code (1: ``--require-fused`` and not all)."""
+    """Print the plan (text or ``--format json``), write ``output``; the exit code (1: ``--require-fused`` and not
+    all)."""
     from ..atomic import json_safe, write_json
     from ..plan.report import format_plan
 
     data = plan.to_dict()
     if output is not None:
         write_json(output, data)
-    if args.json:
+    if wants_json(args):
         print(json.dumps(json_safe(data), indent=2, allow_nan=False))
     else:
         print(format_plan(plan, verbose=args.verbose))
@@ -132,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     check_diffusers()  # last: importing diffusers takes seconds
 
     def building(message: str) -> None:
-        print(f"npu-port: {message}", file=sys.stderr)
+        note(args, f"npu-port: {message}")
 
     from ..plan import assess
 

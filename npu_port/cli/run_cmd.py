@@ -9,9 +9,10 @@ routes their legacy attention classes and applies ``--override``. Everything is 
 code runs. A summary of what was patched and how often it was hit goes to stderr at exit, or to ``--report`` as
 JSON: one file per rank under torchrun. The exit code is the script's (1 for an uncaught exception, 130 for Ctrl-C).
 
-``npu-port run --plan [--device npu --chip 910B --strategy npu --json] script.py`` runs the script on this machine's
-CPU instead, records every attention call it makes and prints which would run fused on the ``--device`` given (see
-``npu-port plan``); the script's own output goes to stderr under ``--json``, so stdout holds the JSON alone.
+``npu-port run --plan [--device npu --chip 910B --strategy npu --format json] script.py`` runs the script on this
+machine's CPU instead, records every attention call it makes and prints which would run fused on the ``--device``
+given (see ``npu-port plan``); the script's own output goes to stderr under ``--format json``, so stdout holds the
+JSON alone.
 """
 
 from __future__ import annotations
@@ -22,15 +23,24 @@ import os
 import sys
 from typing import Any, Dict, Iterator, Mapping, Optional
 
+from .vocabulary import add_command, add_verbosity, wants_json
+
 #: ``--report`` placeholder for the rank under torchrun.
 RANK_FIELD = "{rank}"
 
 
 def add_parser(commands: "argparse._SubParsersAction") -> None:
-    parser = commands.add_parser(
+    parser = add_command(
+        commands,
         "run",
         help="run a CUDA-written script or module here unchanged (redirect, drop-ins, fallbacks, strategy)",
-        description=__doc__.split("\n\n")[0],
+        description="Run a CUDA project's entry point (a script, or a module with -m) on this machine, unchanged. "
+        "npu-port's options come before the script; everything after it goes to the script.",
+        example=[
+            "npu-port run --device cpu project/main.py --out out.pt",
+            "npu-port run --report run.json --strategy sdpa -m scripts.animate --seed 1",
+            "npu-port run --plan --device npu --chip 910B --format json project/main.py",
+        ],
     )
     parser.add_argument("--device", default=None, help="npu, cuda, xpu, mps or cpu (default: the best usable)")
     parser.add_argument("--strategy", default=None, help="attention strategy (default auto)")
@@ -76,7 +86,7 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
     parser.add_argument(
         "--keep-device-checks",
         action="store_true",
-        help="leave the project's `x.device.type == 'cuda'` / `.is_cuda` checks as written (default: the target "
+        help="leave the project's x.device.type == 'cuda' and x.is_cuda checks as written (default: the target "
         "device reads as cuda there)",
     )
     from .plan_cmd import PLAN_VERBOSE, add_plan_target_arguments
@@ -88,9 +98,9 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
         help="run the script here (cpu), record its attention calls and say which would run fused on --device "
         "(default npu) with --strategy (default npu)",
     )
-    add_plan_target_arguments(
-        plan,
-        None,
+    add_plan_target_arguments(plan, None)
+    add_verbosity(
+        parser,
         "after the run, what the attention strategy decided per shape bucket (auto: every candidate's times, as "
         f"handle.explain() shows them); with --plan, {PLAN_VERBOSE}",
     )
@@ -193,7 +203,7 @@ def _refusals_reported(report: Optional[str], args: argparse.Namespace, environ:
 
 
 #: Flags that mean something only with --plan.
-PLAN_ONLY = (("--chip", "chip"), ("--json", "json"), ("--require-fused", "require_fused"))
+PLAN_ONLY = (("--chip", "chip"), ("--format json", "format"), ("--require-fused", "require_fused"))
 
 
 def _check_plan_flags(args: argparse.Namespace) -> None:
@@ -201,7 +211,7 @@ def _check_plan_flags(args: argparse.Namespace) -> None:
 
     if not args.plan:
         for flag, name in PLAN_ONLY:
-            if getattr(args, name):
+            if getattr(args, name) not in (None, False, "text"):
                 raise RunError(f"{flag} applies to --plan only (npu-port run --plan {flag} ... script.py)")
         return
     if args.profile:
@@ -258,7 +268,7 @@ def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -
             )
 
         if planning:
-            recording = _record(run_script, planning, quiet_stdout=args.json)
+            recording = _record(run_script, planning, quiet_stdout=wants_json(args))
             outcome = recording.result
         else:
             with _dumping(dump, args, entry) as recorder:
@@ -286,11 +296,14 @@ def run(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -
         _write_report(report, summary)
         if hint:
             print(f"npu-port run: {hint}", file=sys.stderr)
+    elif args.quiet:  # errors only: how the script stopped, when it did not complete
+        if stop:
+            print(prefix + "npu-port run:\n" + stop, file=sys.stderr)
     else:
         print(prefix + _with_auto_line(text, auto) + (f"\n{stop}" if stop else ""), file=sys.stderr)
     if details is not None:
         print(details, file=sys.stderr)
-    if dump is not None:
+    if dump is not None and not args.quiet:
         print(f"npu-port run: dump {recorder.path} ({recorder.records} records)", file=sys.stderr)
     if planning:
         return _show_plan(recording, planning, args, entry.path, outcome.exit_code)
@@ -328,7 +341,7 @@ def _planning(args: argparse.Namespace) -> Any:
 
 
 def _record(run_script: Any, planning: Any, quiet_stdout: bool) -> Any:
-    """Run the script under the recording (process-wide); under ``--json`` its stdout goes to stderr."""
+    """Run the script under the recording (process-wide); under ``--format json`` its stdout goes to stderr."""
     import contextlib
 
     from ..plan import record_calls

@@ -5,26 +5,38 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .vocabulary import add_command, add_format, add_no_progress, add_output, add_verbosity
+
 #: npu_port.scan.rule.SEVERITIES, most serious first, and "never" (written out: building the CLI's parsers must not
 #: import the scan package, which `npu-port run` does not need; tests/scan/test_guarded.py checks the two agree).
 SEVERITIES = ("import", "runtime", "handled", "perf", "deprecated", "guarded", "info")
 SEVERITY_CHOICES = (*SEVERITIES, "never")
 NEEDS_TORCH = False  # reading code needs no torch: a scan works where torch is broken
+DRAWS_PROGRESS = True  # on a large tree (see npu_port.scan.engine)
+#: -o/--output: the report.
+PRIMARY_OUTPUT = "report"
 
 
 def add_parser(commands) -> None:
-    parser = commands.add_parser(
+    parser = add_command(
+        commands,
         "scan",
         help="find what will break on an NPU / CPU / GPU without CUDA-only builds, and what npu-port handles",
         description="Scan Python files (and requirements, YAML configs, CUDA sources) for CUDA-only code: a report "
-        "grouped by file and severity with a summary of what breaks at import, what `npu-port run` handles and what "
-        "needs a manual change. Suppress one finding with `# npu-port: ignore[NPU301]` on its line.",
+        "grouped by file and severity with a summary of what breaks at import, what npu-port run handles and what "
+        "needs a manual change. Suppress one finding with '# npu-port: ignore[NPU301]' on its line.",
+        example=[
+            "npu-port scan project/",
+            "npu-port scan --format sarif -o scan.sarif project/",
+            "npu-port scan --fail-on import --select NPU1 project/",
+            "npu-port scan --rules --markdown",
+        ],
     )
     parser.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (default: .)")
     parser.add_argument("--rules", action="store_true", help="list every rule and exit")
     parser.add_argument("--markdown", action="store_true", help="with --rules: the Markdown table (README's)")
-    parser.add_argument("--format", choices=("text", "json", "csv", "sarif"), default="text")
-    parser.add_argument("--output", "-o", metavar="FILE", help="write the report here (atomically) instead of stdout")
+    add_format(parser, choices=("text", "json", "csv", "sarif"))
+    add_output(parser, "write the report here (atomically) instead of stdout")
     add_rule_selection(parser, "run")
     parser.add_argument(
         "--fail-on",
@@ -34,7 +46,8 @@ def add_parser(commands) -> None:
         "default: never)",
     )
     parser.add_argument("--jobs", "-j", type=int, default=None, help="processes (default: one per core)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_verbosity(parser)
+    add_no_progress(parser)
 
 
 def add_rule_selection(parser, verb: str) -> None:
@@ -92,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             select=codes(args.select),
             ignore=codes(args.ignore),
             jobs=args.jobs,
-            progress=not args.no_progress and sys.stderr.isatty(),
+            progress=not (args.no_progress or args.quiet) and sys.stderr.isatty(),
         )
     except KeyboardInterrupt:
         sys.stderr.write("npu-port scan: interrupted; no report written\n")
@@ -106,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
             write_text(args.output, text.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
         except OSError as exc:
             raise ScanError(f"cannot write the report to {args.output}: {exc.strerror or exc}") from None
-        sys.stderr.write("\n".join(report.summary_lines(result)) + f"\nwrote {args.output}\n")
+        if not args.quiet:
+            sys.stderr.write("\n".join(report.summary_lines(result)) + f"\nwrote {args.output}\n")
     else:
         sys.stdout.write(text)
     if args.fail_on != "never":

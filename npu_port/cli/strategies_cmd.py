@@ -8,15 +8,26 @@ import argparse
 import json
 from typing import Any, Dict, List
 
+from .vocabulary import add_command, add_format, add_verbosity, wants_json
+
 #: Tiny models --explain can build (seeded weights, built from configs: no download).
 EXPLAIN_MODELS = ("unet", "dit", "sd3", "flux", "vae")
 
 
 def add_parser(commands: "argparse._SubParsersAction") -> None:
-    parser = commands.add_parser(
-        "strategies", help="list attention strategies and profiles; --explain shows auto's measurements"
+    parser = add_command(
+        commands,
+        "strategies",
+        help="list attention strategies and profiles; --explain shows auto's measurements",
+        example=[
+            "npu-port strategies",
+            "npu-port strategies --format json",
+            "npu-port strategies --show sdpa",
+            "npu-port strategies --explain auto --model dit",
+        ],
     )
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    add_format(parser, help="what to print: text or json (default text; --show prints JSON either way)")
+    add_verbosity(parser)
     parser.add_argument(
         "--explain",
         nargs="?",
@@ -98,11 +109,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     names, broken = survey()
     for entry in broken:  # one broken file is reported and skipped; the other strategies are still listed
-        print(f"npu-port: warning: {entry.describe()}", file=sys.stderr)
+        print(f"npu-port: warning: {entry.describe()}", file=sys.stderr)  # an error for that file: even with -q
     from ..strategy.registry import strategy_entry
 
     entries = [strategy_entry(name) for name in names]
-    if args.json:
+    if wants_json(args):
         broken_rows = [{"name": b.name, "path": b.path, "error": str(b.error)} for b in broken]
         data = {"strategies": entries, "broken": broken_rows, "searched": searched_locations()}
         print(json.dumps(data, indent=2, default=str))

@@ -42,7 +42,7 @@ def _csv(path: Path):
 
 def test_tiny_shape_writes_csv_json_png_with_every_strategy_and_refusal(tmp_path, capsys):
     code = main(
-        ["bench", "--shapes", TINY, "--strategies", "vanilla,sdpa,chunked,auto,npu", *FAST, "--out", str(tmp_path)]
+        ["bench", "--shapes", TINY, "--strategies", "vanilla,sdpa,chunked,auto,npu", *FAST, "--output", str(tmp_path)]
     )
     out = capsys.readouterr().out
     assert code == 0, out
@@ -195,10 +195,10 @@ def test_bad_device_and_budget_are_explained(capsys):
 
 def test_missing_matplotlib_fails_before_measuring_and_no_plot_skips_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    assert main(["bench", "--shapes", TINY, "--strategies", "sdpa", *FAST, "--out", str(tmp_path)]) == 2
+    assert main(["bench", "--shapes", TINY, "--strategies", "sdpa", *FAST, "--output", str(tmp_path)]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and f"bench.png needs matplotlib: {extra_hint('bench')}, or use --no-plot" in captured.err
-    assert main(["bench", "--shapes", TINY, "--strategies", "sdpa", *FAST, "--out", str(tmp_path), "--no-plot"]) == 0
+    assert main(["bench", "--shapes", TINY, "--strategies", "sdpa", *FAST, "--output", str(tmp_path), "--no-plot"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.csv", "bench.json"]
 
 

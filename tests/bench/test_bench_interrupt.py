@@ -38,7 +38,7 @@ def bench_argv(out: Path):
         "1",
         "--repeats",
         "2",
-        "--out",
+        "--output",
         str(out),
     ]
 
@@ -197,7 +197,7 @@ def test_a_real_sigint_to_npu_port_bench_writes_partial_results_and_exits_130(tm
         "1",
         "--repeats",
         str(repeats),
-        "--out",
+        "--output",
         str(out),
         "--no-plot",
     ]

@@ -83,9 +83,9 @@ def test_run_plan_scan_and_bench_refuse_a_link_onto_another_kind_of_file(tmp_pat
     assert _refused(["scan", str(script), "-o", str(link)], capsys) == _link_refusal("--output", link, notes, ".json")
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "bench.csv").symlink_to(notes)
-    err = _refused(["bench", "--shapes", "custom:1,1,8,8", "--out", str(tmp_path / "results"), "--no-plot"], capsys)
+    err = _refused(["bench", "--shapes", "custom:1,1,8,8", "--output", str(tmp_path / "results"), "--no-plot"], capsys)
     assert err == (
-        f"npu-port: --out {str(tmp_path / 'results')!r}: bench.csv in it is a link to {notes}, not a .csv file; "
+        f"npu-port: --output {str(tmp_path / 'results')!r}: bench.csv in it is a link to {notes}, not a .csv file; "
         "npu-port will not write through it: remove the link or give another path\n"
     )
     assert notes.read_text() == NOTES
@@ -140,25 +140,25 @@ def test_an_unwritable_bench_out_is_found_before_measuring(tmp_path, monkeypatch
     from npu_port.bench import runner
 
     def never(*args, **kwargs):
-        raise AssertionError("measured before checking --out")
+        raise AssertionError("measured before checking --output")
 
     monkeypatch.setattr(runner, "run_bench", never)
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
-    argv = ["bench", "--shapes", "custom:1,1,8,8", "--no-plot", "--out"]
+    argv = ["bench", "--shapes", "custom:1,1,8,8", "--no-plot", "--output"]
     assert _refused([*argv, str(a_file)], capsys) == (
-        f"npu-port: --out {str(a_file)!r} is not a folder; give a folder for bench.csv, bench.json and bench.png\n"
+        f"npu-port: --output {str(a_file)!r} is not a folder; give a folder for bench.csv, bench.json and bench.png\n"
     )
     assert _refused([*argv, str(a_file / "results")], capsys) == (
-        f"npu-port: --out {str(a_file / 'results')!r}: cannot write there ({a_file} is not a folder)\n"
+        f"npu-port: --output {str(a_file / 'results')!r}: cannot write there ({a_file} is not a folder)\n"
     )
     (tmp_path / "results" / "bench.json").mkdir(parents=True)
     assert _refused([*argv, str(tmp_path / "results")], capsys) == (
-        f"npu-port: --out {str(tmp_path / 'results')!r}: bench.json in it is a folder; move it away\n"
+        f"npu-port: --output {str(tmp_path / 'results')!r}: bench.json in it is a folder; move it away\n"
     )
     if os.path.isdir("/sys"):  # a folder even root cannot create files in
         assert _refused([*argv, "/sys/npu-port-bench"], capsys) == (
-            "npu-port: --out '/sys/npu-port-bench': cannot write there (Permission denied)\n"
+            "npu-port: --output '/sys/npu-port-bench': cannot write there (Permission denied)\n"
         )
 
 

@@ -220,8 +220,8 @@ def bad_arguments(command: str, p: Dict[str, str]):
             _option("--strategies", _unknown(strategies | {"all"})),
             _option("--dtype", _unknown(("float32", "float16", "bfloat16"))),
             _option("--device", _unknown(("cpu", "auto"))),
-            _option("--out", _path(p, "a-file", "under_a_file", "unwritable", "fifo", "devnull", "results")),
-            _option("--out", _path(p, "results-linked")),
+            _option("--output", _path(p, "a-file", "under_a_file", "unwritable", "fifo", "devnull", "results")),
+            _option("--output", _path(p, "results-linked")),
             _unknown_option(),
         )
     if command == "doctor":

@@ -51,7 +51,7 @@ def test_a_bad_spec_is_named(dump, spec, message, capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["diff"], "nothing to compare: give two dump folders, or specs with --a / --b (e.g. npu-port diff --model "
+        (["diff", "--steps", "2"], "nothing to compare: give two dump folders, or specs with --a / --b (e.g. npu-port diff --model "
                    "tiny --a strategy=vanilla --b strategy=sdpa)"),
         (["diff", "dump"], "diff dump needs -o DIR: the dump folder to write (it must not exist)"),
         (["diff", "dump", "--b", "strategy=sdpa", "-o", "x.d"],

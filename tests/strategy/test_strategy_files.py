@@ -126,7 +126,7 @@ def test_npu_port_bench_runs_the_others_and_refuses_the_broken_one_by_name(searc
     assert main([*argv, "--strategies", "sdpa,latin"]) == 2
     assert capsys.readouterr().err == f"npu-port: {search_path / 'latin.yaml'}:1: {UTF8_ERROR}\n"
     out_dir: Path = tmp_path / "out"
-    assert main([*argv, "--out", str(out_dir), "--no-plot"]) == 0  # defaults: every loadable strategy
+    assert main([*argv, "--output", str(out_dir), "--no-plot"]) == 0  # defaults: every loadable strategy
     captured = capsys.readouterr()
     assert f"npu-port: warning: strategy 'latin' skipped: {search_path / 'latin.yaml'}:1: {UTF8_ERROR}\n" in (
         captured.err
