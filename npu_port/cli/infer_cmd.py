@@ -79,6 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "image path for one image per frame (NAME-000.png, ...)")  # fmt: skip
     output.add_argument("--report", default=None, help="JSON report path (default: the image path with .json)")
     output.add_argument("--no-progress", action="store_true", help="no progress bar")
+    output.add_argument("-v", "--verbose", action="store_true",
+                        help="show the libraries' warnings and loading bars (hidden by default)")  # fmt: skip
 
 
 def add_parser(commands: "argparse._SubParsersAction") -> None:
@@ -273,6 +275,7 @@ def _files_text(files: Dict[Path, bytes]) -> str:
 
 
 def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
+    from ..console import wants_progress
     from ..device import device_name
     from ..errors import InferenceError
     from ..infer import compare_strategies, generate, load_pipeline
@@ -293,7 +296,7 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
         plan.device,
         plan.dtype,
         text_encoder_device=plan.encoder_device,
-        progress_bar=not args.no_progress,
+        progress_bar=wants_progress(args),
         on_build=lambda message: print(f"npu-port: {message}", file=sys.stderr),
         cache=plan.cache,
     )
@@ -356,6 +359,7 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
 
 def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
     """--nproc N: the ranks generate, this process writes rank 0's image and the report (with every rank's timing)."""
+    from ..console import wants_progress
     from ..device import device_name
     from ..errors import InferenceError
     from ..infer.models import describe_model
@@ -373,7 +377,7 @@ def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]
         plan.request,
         plan.layout,
         plan.cache,
-        not args.no_progress,
+        wants_progress(args),
         anything=args.ulysses_anything,
         profile=args.profile,
         on_build=lambda message: print(f"npu-port: {message}", file=sys.stderr),
@@ -414,10 +418,13 @@ def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]
 
 def run(args: argparse.Namespace) -> int:
     written: List[Path] = []
+    from ..console import for_command
     from ..errors import RankFailedError
 
     try:
-        return _execute(args, _preflight(args), written)
+        plan = _preflight(args)  # bad input is said before the console takes over (and before any import it costs)
+        with for_command(args):  # the libraries' warnings and loading bars, hidden while the model loads and runs
+            return _execute(args, plan, written)
     except RankFailedError as exc:  # not bad input: the run failed (its traceback is above)
         print(f"npu-port: {exc}", file=sys.stderr)
         return 1

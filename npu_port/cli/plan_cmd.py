@@ -134,9 +134,11 @@ def run(args: argparse.Namespace) -> int:
     def building(message: str) -> None:
         print(f"npu-port: {message}", file=sys.stderr)
 
+    from ..console import for_command
     from ..plan import assess
 
-    recording = record_model(args.model, dtype, request, strategy, on_build=building)
+    with for_command(args):  # the libraries' warnings and loading bars, hidden while the model loads and runs
+        recording = record_model(args.model, dtype, request, strategy, on_build=building)
     plan = assess(
         recording,
         target,
