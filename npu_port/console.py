@@ -87,6 +87,7 @@ class QuietConsole:
         self.stream = stream
         self.hidden: List[Hidden] = []
         self._stack: Optional[contextlib.ExitStack] = None
+        self._hub_bars_were_on = False
 
     def __enter__(self) -> "QuietConsole":
         self.hidden = []
@@ -160,9 +161,9 @@ class QuietConsole:
             return
         disable()
         stack.callback(enable)
-        hub = _hub_bars()
-        if hub is not None and "huggingface_hub" in self.libraries and self._hub_bars_were_on:
-            hub[1]()  # transformers >= 4.4x switches the hub's bars with its own: downloads keep theirs
+        hub = _hub_bars() if "huggingface_hub" in self.libraries else None
+        if hub is not None and self._hub_bars_were_on and hub[0]():
+            hub[1]()  # transformers 5 switches the hub's bars with its own: downloads keep theirs
 
     def _keep_download_bars(self, stack: contextlib.ExitStack) -> None:
         """Note whether huggingface_hub's bars are on, and put them back so on exit (after the libraries' switches,
@@ -179,8 +180,6 @@ class QuietConsole:
                 (enable if self._hub_bars_were_on else disable)()
 
         stack.callback(restore)
-
-    _hub_bars_were_on = False
 
 
 class _Capture(logging.Handler):
