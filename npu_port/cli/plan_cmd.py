@@ -54,7 +54,11 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
         required=True,
         help="a built-in tiny pipeline (tiny, tiny-dit, tiny-flux, tiny-wan) or a local diffusers directory",
     )
-    add_plan_target_arguments(parser, "the device to plan for: npu (default), cuda or cpu")
+    add_plan_target_arguments(
+        parser,
+        "the device to plan for: npu (default), cuda or cpu",
+        verbose_help=f"{PLAN_VERBOSE}, and the libraries' warnings and loading bars (hidden by default)",
+    )
     parser.add_argument("--strategy", default=None, help="the attention strategy to judge with (default npu)")
     parser.add_argument(
         "--dtype",
