@@ -152,6 +152,8 @@ class QuietConsole:
 
     # -------------------------------------------------------------------------------------------- progress bars
     def _take_loading_bars(self, name: str, stack: contextlib.ExitStack) -> None:
+        """Turn off the library's loading bars through its public switch (a version without one keeps its bars);
+        the pipeline's step bar is drawn by tqdm directly and stays, as ``set_progress_bar_config`` set it."""
         module = _logging_module(name) if name in _BAR_SWITCHES else None
         switches = [getattr(module, switch, None) for switch in _BAR_SWITCHES.get(name, ())]
         if module is None or not all(callable(switch) for switch in switches):
