@@ -134,6 +134,7 @@ def _run(args: argparse.Namespace) -> int:
         select_strategies,
     )
     from ..bench.shapes import parse_shapes
+    from ..console import for_command, wants_progress
     from ..strategy.spec import parse_size
 
     device = resolve_device(args.device)
@@ -160,16 +161,17 @@ def _run(args: argparse.Namespace) -> int:
     settings = Settings(
         device=device, dtype=resolve_dtype(args.dtype), warmup=args.warmup, repeats=args.repeats, memory_budget=budget
     )
-    bar = _progress(progress_steps(strategies, shapes, settings), not (args.no_progress or args.quiet))
+    bar = _progress(progress_steps(strategies, shapes, settings)) if wants_progress(args) else None
     try:
-        result = run_bench(
-            strategies,
-            shapes,
-            settings,
-            skipped_shapes=skipped_shapes,
-            skipped_strategies=skipped_strategies,
-            progress=bar,
-        )
+        with for_command(args, libraries=()):  # bench loads no pipeline: only other packages' Python warnings
+            result = run_bench(
+                strategies,
+                shapes,
+                settings,
+                skipped_shapes=skipped_shapes,
+                skipped_strategies=skipped_strategies,
+                progress=bar,
+            )
     except BenchInterrupted as stopped:
         result = stopped.report
     finally:

@@ -168,6 +168,7 @@ def _refuse_flags(args: argparse.Namespace, flags, why: str) -> None:
 
 
 def _dump(args: argparse.Namespace) -> int:
+    from ..console import for_command
     from ..diff.dump import check_destination
     from ..errors import DiffError
 
@@ -180,7 +181,8 @@ def _dump(args: argparse.Namespace) -> int:
     _check_numbers(args)
     full = _full(args.full)
     side = _side("dump", {}, args, None)
-    path = _run(side, args.output, args, full)
+    with for_command(args):  # the libraries' warnings and loading bars, hidden while the model loads and runs
+        path = _run(side, args.output, args, full)
     from ..diff.dump import Dump
 
     dump = Dump(path)
@@ -190,13 +192,14 @@ def _dump(args: argparse.Namespace) -> int:
 
 
 def _run(side: Any, out: Any, args: argparse.Namespace, full: Any) -> Path:
+    from ..console import wants_progress
     from ..diff.sides import run_side
     from ..infer.paths import cache_location
 
     cache, warning = cache_location()
     if warning:
         note(args, f"npu-port: {warning}")
-    return run_side(side, out, full=full, sample_size=args.sample, progress=not (args.no_progress or args.quiet),
+    return run_side(side, out, full=full, sample_size=args.sample, progress=wants_progress(args),
                     cache=cache, on_build=lambda message: note(args, f"npu-port: {message}"))  # fmt: skip
 
 
@@ -253,6 +256,7 @@ def _plan_sides(args: argparse.Namespace):
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from ..console import for_command
     from ..diff.dump import check_destination
     from ..errors import DiffError
 
@@ -306,13 +310,15 @@ def _compare(args: argparse.Namespace) -> int:
         dumps = []
         from ..diff.dump import Dump
 
-        for label, (kind, value) in zip("ab", planned):
-            if kind == "dump":
-                dumps.append(value)
-                continue
-            note(args, f"npu-port: running side {label.upper()}: {value.model}, {value.device}, "
-                       f"{str(value.dtype).replace('torch.', '')}, strategy {value.strategy}")  # fmt: skip
-            dumps.append(Dump(_run(value, folder / f"{label}.d", args, full)))
+        with for_command(args):  # the libraries' warnings and loading bars, hidden while the sides run
+            for label, (kind, value) in zip("ab", planned):
+                if kind == "dump":
+                    dumps.append(value)
+                    continue
+                dtype = str(value.dtype).replace("torch.", "")
+                note(args, f"npu-port: running side {label.upper()}: {value.model}, {value.device}, {dtype}, "
+                           f"strategy {value.strategy}")  # fmt: skip
+                dumps.append(Dump(_run(value, folder / f"{label}.d", args, full)))
         return _report({None: tuple(dumps)}, args)
 
 
@@ -342,6 +348,7 @@ def _bisect(planned, args: argparse.Namespace, full: Any) -> int:
 
     import torch
 
+    from ..console import for_command
     from ..diff.bisect import bisect
     from ..diff.compare import compare_dumps
     from ..diff.runner import PipelineRunner
@@ -355,8 +362,6 @@ def _bisect(planned, args: argparse.Namespace, full: Any) -> int:
     if transformers_folder(a.model):
         raise DiffError("--bisect runs diffusers pipelines; for a transformers model compare the sides without it")
     cache, _ = cache_location()
-    loaded = load_pipeline(a.model, a.device, torch.float32, text_encoder_device=a.text_encoder_device,
-                           progress_bar=False, cache=cache)  # fmt: skip
     request = a.request
 
     def run_request(pipe: Any) -> Any:
@@ -368,7 +373,10 @@ def _bisect(planned, args: argparse.Namespace, full: Any) -> int:
         return {"strategy": side.strategy, "dtype": str(side.dtype).replace("torch.", ""),
                 "fuse_ops": list(side.fuse_ops)}  # fmt: skip
 
-    with tempfile.TemporaryDirectory(prefix="npu-port-bisect-") as scratch:
+    # the libraries' warnings and loading bars, hidden while the model loads and runs
+    with for_command(args), tempfile.TemporaryDirectory(prefix="npu-port-bisect-") as scratch:
+        loaded = load_pipeline(a.model, a.device, torch.float32, text_encoder_device=a.text_encoder_device,
+                               progress_bar=False, cache=cache)  # fmt: skip
         runner = PipelineRunner(loaded.pipe, run_request, args.keep or scratch, full=full, sample_size=args.sample)
         result = bisect(runner, settings(a), settings(b),
                         compare=lambda x, y: compare_dumps(x, y, tolerance=args.tolerance))  # fmt: skip

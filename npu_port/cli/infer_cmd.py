@@ -283,6 +283,7 @@ def _files_text(files: Dict[Path, bytes]) -> str:
 
 
 def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
+    from ..console import wants_progress
     from ..device import device_name
     from ..errors import InferenceError
     from ..infer import compare_strategies, generate, load_pipeline
@@ -303,7 +304,7 @@ def _execute(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
         plan.device,
         plan.dtype,
         text_encoder_device=plan.encoder_device,
-        progress_bar=not (args.no_progress or args.quiet),
+        progress_bar=wants_progress(args),
         on_build=lambda message: note(args, f"npu-port: {message}"),
         cache=plan.cache,
     )
@@ -380,6 +381,7 @@ def _print_json(report: Dict[str, Any]) -> None:
 
 def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]) -> int:
     """--nproc N: the ranks generate, this process writes rank 0's image and the report (with every rank's timing)."""
+    from ..console import wants_progress
     from ..device import device_name
     from ..errors import InferenceError
     from ..infer.models import describe_model
@@ -397,7 +399,7 @@ def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]
         plan.request,
         plan.layout,
         plan.cache,
-        not (args.no_progress or args.quiet),
+        wants_progress(args),
         anything=args.ulysses_anything,
         profile=args.profile,
         on_build=lambda message: note(args, f"npu-port: {message}"),
@@ -441,10 +443,13 @@ def _execute_parallel(args: argparse.Namespace, plan: _Plan, written: List[Path]
 
 def run(args: argparse.Namespace) -> int:
     written: List[Path] = []
+    from ..console import for_command
     from ..errors import RankFailedError
 
     try:
-        return _execute(args, _preflight(args), written)
+        plan = _preflight(args)  # bad input is said before the console takes over (and before any import it costs)
+        with for_command(args):  # the libraries' warnings and loading bars, hidden while the model loads and runs
+            return _execute(args, plan, written)
     except RankFailedError as exc:  # not bad input: the run failed (its traceback is above)
         print(f"npu-port: {exc}", file=sys.stderr)
         return 1

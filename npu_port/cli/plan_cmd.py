@@ -58,7 +58,11 @@ def add_parser(commands: "argparse._SubParsersAction") -> None:
         required=True,
         help="a built-in tiny pipeline (tiny, tiny-dit, tiny-flux, tiny-wan) or a local diffusers directory",
     )
-    add_plan_target_arguments(parser, "the device to plan for: npu (default), cuda or cpu")
+    add_plan_target_arguments(
+        parser,
+        "the device to plan for: npu (default), cuda or cpu",
+        verbose_help=f"{PLAN_VERBOSE}, and the libraries' warnings and loading bars (hidden by default)",
+    )
     parser.add_argument("--strategy", default=None, help="the attention strategy to judge with (default npu)")
     parser.add_argument(
         "--dtype",
@@ -139,9 +143,11 @@ def run(args: argparse.Namespace) -> int:
     def building(message: str) -> None:
         note(args, f"npu-port: {message}")
 
+    from ..console import for_command
     from ..plan import assess
 
-    recording = record_model(args.model, dtype, request, strategy, on_build=building)
+    with for_command(args):  # the libraries' warnings and loading bars, hidden while the model loads and runs
+        recording = record_model(args.model, dtype, request, strategy, on_build=building)
     plan = assess(
         recording,
         target,

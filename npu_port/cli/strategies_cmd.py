@@ -105,7 +105,11 @@ def run(args: argparse.Namespace) -> int:
         print(show(args.show))
         return 0
     if args.explain:
-        print(explain(args.explain, args.model))
+        from ..console import for_command
+
+        with for_command(args):  # the libraries' warnings, hidden while the tiny model is built and run
+            text = explain(args.explain, args.model)
+        print(text)
         return 0
     names, broken = survey()
     for entry in broken:  # one broken file is reported and skipped; the other strategies are still listed

@@ -29,6 +29,7 @@ LAYER = {
     "upstream": 1,  # the adapters to diffusers / transformers / gradio internals (feature detection, declines)
     "distributed": 1,
     "attn": 2,
+    "console": 2,  # the quiet console of npu-port's own commands (uses the upstream adapters' logging switches)
     "strategy": 3,
     "strategies": 3,
     "npu_setup": 3,
