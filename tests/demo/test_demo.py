@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from npu_port._optional import extra_hint
-from npu_port.demo import app, formatting
+from npu_port.demo import app, display, formatting
 from npu_port.demo import choices as demo_choices
 from npu_port.demo import form as demo_form
 from npu_port.errors import InferenceError
@@ -82,7 +83,11 @@ def test_strategy_choices_put_auto_first_and_leave_out_what_cannot_run():
         "custom-processor": "no kernel of it can run here",
     }
     assert choices.compare_default() == ["sdpa", "auto"]
-    assert "- `flash`: flash\\_attn: flash\\_attn is not installed" in formatting.unavailable_markdown(choices)
+    assert formatting.unavailable_markdown(choices) == (
+        "**Not available on this machine** (disabled; `npu-port strategies` says more):\n\n"
+        "- ⊘ `flash` — flash\\_attn: flash\\_attn is not installed\n"
+        "- ⊘ `custom-processor` — no kernel of it can run here"
+    )
 
 
 def test_strategy_choices_on_this_machine_are_what_npu_port_strategies_calls_available():
@@ -90,12 +95,22 @@ def test_strategy_choices_on_this_machine_are_what_npu_port_strategies_calls_ava
     from npu_port.strategy.registry import strategy_entry
 
     choices = demo_choices.strategy_choices()
-    available = [name for name in list_strategies() if strategy_entry(name)["available"]]
+    entries = {name: strategy_entry(name) for name in list_strategies()}
+    available = [name for name, entry in entries.items() if entry["available"] and not entry["safe_math"]]
     assert choices.names[0] == "auto" and sorted(choices.names) == sorted(available)
     assert {"vanilla", "sdpa", "chunked"} <= set(choices.names)
     assert set(choices.unavailable) == set(list_strategies()) - set(available)
     assert "custom-processor" in choices.unavailable  # needs a processor class; the demo cannot give one
     assert choices.compare_default() == ["vanilla", "sdpa", "auto"]
+    # a CPU-only torch without torch_npu (this machine): the profiles for other devices are not offered, with why
+    assert (
+        choices.unavailable["hopper-safe"]
+        == "needs a CUDA GPU: this torch " + torch.__version__ + " has no CUDA support"
+    )
+    assert choices.unavailable["ascend-910b"].startswith("needs an Ascend NPU: torch_npu is not installed; install it")
+    assert choices.unavailable["cuda-safe-math"] == (
+        "its safe-math settings act only under npu-port run; here it would be plain sdpa"
+    )
 
 
 def test_check_strategy_names_the_choices():
@@ -394,15 +409,20 @@ def test_a_request_over_the_time_limit_stops_with_a_message_and_frees_the_slot(t
         worker.start()
         worker.join(timeout=60)
         assert done, "the request was not stopped"
-        image, info, _ = done[0]
-        assert image is None and stopped.match(info), info
+        image, label, download, info, _ = done[0]
+        assert image is None and label == "" and download is None and stopped.match(info), info
         assert time.monotonic() - started < 30  # stopped after one step, not after 50
     gallery, info = handlers["compare"](*_values(steps=50), ["vanilla", "sdpa"])
     assert gallery == [] and info.startswith("✘ **Stopped:** the request ran past its time limit of 0.001 s")
     assert {name: type(p) for name, p in tiny.pipe.unet.attn_processors.items()} == before  # strategy restored
     # a limit the request stays within changes nothing
-    image, info, _ = _handlers(app.build_demo(tiny, choices=CHOICES, request_timeout=600))["generate"](*_values())
-    assert image.size == (64, 64) and "resolved **`sdpa`**" in info
+    image, label, download, info, _ = _handlers(app.build_demo(tiny, choices=CHOICES, request_timeout=600))["generate"](
+        *_values()
+    )
+    assert image.size == (512, 512) and label == "64 × 64 px, shown at 8×" and "resolved **`sdpa`**" in info
+    with Image.open(download) as true_image:  # the download is the image as made, not the display
+        assert true_image.size == (64, 64) and true_image.format == "PNG"
+        assert np.array_equal(np.asarray(image), display.scale_up(np.asarray(true_image.convert("RGB")), 8))
 
 
 def test_a_non_finite_image_is_shown_as_a_failure_not_as_a_picture(tiny):
@@ -410,8 +430,8 @@ def test_a_non_finite_image_is_shown_as_a_failure_not_as_a_picture(tiny):
     with nan_attention.nan_strategy() as name:
         choices = demo_choices.StrategyChoices(["vanilla", name])
         handlers = _handlers(app.build_demo(tiny, choices=choices, strategy=name))
-        image, info, _ = handlers["generate"](*_values(strategy=name))
-        assert image is None
+        image, label, download, info, _ = handlers["generate"](*_values(strategy=name))
+        assert image is None and label == "" and download is None
         assert info == (
             f"✘ **Failed:** the image under strategy `{name}` (resolved `{name}`) is not finite: {64 * 64 * 3} of "
             f"{64 * 64 * 3} values are NaN or inf"
