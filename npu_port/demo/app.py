@@ -1,8 +1,10 @@
 """The demo's UI: :func:`build_demo` imports gradio and wires the pure helpers to components.
 
-The helpers import no gradio, so tests call them without a browser: the strategy list (:mod:`.choices`), turning
-form values into a checked :class:`~npu_port.infer.GenerationRequest` (:mod:`.form`), and what the page shows
-(:mod:`.formatting`). Out-of-range input never reaches the model: the request is checked
+The helpers import no gradio, so tests call them without a browser: the strategy list (:mod:`.choices`: what
+cannot run here is left out of the pickers and listed right under them with the reason, since gradio cannot grey out
+one choice), turning form values into a checked :class:`~npu_port.infer.GenerationRequest` (:mod:`.form`), what the
+page shows (:mod:`.formatting`) and the result image scaled up for display with its true size (:mod:`.display`; the
+download is the true image). Out-of-range input never reaches the model: the request is checked
 first against the model's limits (:class:`~npu_port.infer.limits.ModelLimits`, the same ones ``npu-port infer``
 uses, lowered by ``--max-side`` / ``--max-steps``), and the message appears under the image; a call no widget could
 make (:mod:`.payload`) is refused with one ``gr.Error`` line. Cost is bounded too: the queue is bounded, and so is
