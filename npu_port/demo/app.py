@@ -1,8 +1,10 @@
 """The demo's UI: :func:`build_demo` imports gradio and wires the pure helpers to components.
 
-The helpers import no gradio, so tests call them without a browser: the strategy list (:mod:`.choices`), turning
-form values into a checked :class:`~npu_port.infer.GenerationRequest` (:mod:`.form`), and what the page shows
-(:mod:`.formatting`). Out-of-range input never reaches the model: the request is checked
+The helpers import no gradio, so tests call them without a browser: the strategy list (:mod:`.choices`: what
+cannot run here is left out of the pickers and listed right under them with the reason, since gradio cannot grey out
+one choice), turning form values into a checked :class:`~npu_port.infer.GenerationRequest` (:mod:`.form`), what the
+page shows (:mod:`.formatting`) and the result image scaled up for display with its true size (:mod:`.display`; the
+download is the true image). Out-of-range input never reaches the model: the request is checked
 first against the model's limits (:class:`~npu_port.infer.limits.ModelLimits`, the same ones ``npu-port infer``
 uses, lowered by ``--max-side`` / ``--max-steps``), and the message appears under the image; a call no widget could
 make (:mod:`.payload`) is refused with one ``gr.Error`` line. Cost is bounded too: the queue is bounded, and so is
@@ -14,9 +16,12 @@ what one client holds in it (:mod:`.admission`, checked as a request joins); eac
 from __future__ import annotations
 
 import inspect
+import shutil
 import sys
+import tempfile
 import threading
 import traceback
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import NpuPortError
@@ -25,6 +30,7 @@ from ..infer.run import GenerationRequest
 from ..upstream.gradio import QueueView
 from .admission import Admission, QueueLimits
 from .choices import REFERENCE, StrategyChoices, check_strategy, compare_order, strategy_choices
+from .display import for_display
 from .form import DEFAULT_REQUEST_TIMEOUT, MAX_GUIDANCE, default_size, demo_limits, make_request
 from .formatting import (
     error_markdown,
@@ -100,6 +106,7 @@ def build_demo(
     factor = limits.factor
     choices = choices or strategy_choices()
     strategy = check_strategy(strategy, choices)
+    files = ResultFiles()
     lock = threading.Lock()  # the queue already serialises; this keeps a demo launched without one safe too
     text_to_image = loaded.kind == "text-to-image"
     png = {"format": "png"} if _accepts(gr.Image, "format") else {}
@@ -157,12 +164,14 @@ def build_demo(
                     elem_id="strategy",
                     info="auto measures the kernels that can run here and picks per attention shape",
                 )
-                if choices.unavailable:
-                    with gr.Accordion(f"Not offered here: {', '.join(choices.unavailable)}", open=False):
-                        gr.Markdown(unavailable_markdown(choices), elem_id="unavailable")
+                if choices.unavailable:  # right under the picker, open: what cannot run here, and why
+                    gr.Markdown(unavailable_markdown(choices), elem_id="unavailable")
                 generate_button = gr.Button("Generate", variant="primary", elem_id="generate")
             with gr.Column(scale=1):
-                image = gr.Image(label="Image", interactive=False, height=384, elem_id="image", **png)
+                # shown scaled up (nearest, crisp pixels: .display); the download below is the true image
+                image = gr.Image(label="Image", interactive=False, elem_id="image", **png, **_no_download(gr))
+                size_note = gr.Markdown(elem_id="image-size")
+                download = gr.File(label="Download (true size)", interactive=False, elem_id="download")
                 info = gr.Markdown(elem_id="generate-info")
                 with gr.Accordion("What the strategy decided", open=False):
                     explanation = gr.Textbox(show_label=False, lines=8, interactive=False, elem_id="explanation")
@@ -217,29 +226,32 @@ def build_demo(
                 return list(args[:-1]), args[-1]
             return list(args), None
 
-        def on_generate(*args: Any) -> Tuple[Any, str, str]:
+        def on_generate(*args: Any) -> Tuple[Any, ...]:
+            """(image shown, its size label, file to download, timings, explanation)."""
             values, client = split(args)
             try:
                 check_call("generate", endpoints["generate"], values, choices)
                 request = make_request(loaded, **dict(zip(names, values)), **bounds)
             except MalformedCall as exc:
-                return refuse(exc, (None, error_markdown(exc), ""))
+                return refuse(exc, (None, "", None, error_markdown(exc), ""))
             except NpuPortError as exc:
-                return None, error_markdown(exc), ""
+                return None, "", None, error_markdown(exc), ""
             try:
                 with lock:
                     result = generate(loaded, request, deadline=deadline(client))
             except ClientLeft as exc:
                 print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
-                return None, error_markdown(exc), ""
+                return None, "", None, error_markdown(exc), ""
             except RequestTimeout as exc:
-                return None, error_markdown(exc), ""
+                return None, "", None, error_markdown(exc), ""
             except Exception as exc:  # shown in the page; the traceback goes to the server's log
                 traceback.print_exc(file=sys.stderr)
-                return None, error_markdown(exc, refused=False), ""
+                return None, "", None, error_markdown(exc, refused=False), ""
             if not result.finite:
-                return None, not_finite_markdown(result), result.strategy_explanation
-            return to_pil(result.image), format_result(result), result.strategy_explanation
+                return None, "", None, not_finite_markdown(result), result.strategy_explanation
+            true_image = to_pil(result.image)
+            shown, label = for_display(true_image)
+            return shown, label, files.save(true_image, request), format_result(result), result.strategy_explanation
 
         def on_compare(*args: Any) -> Tuple[List[Any], str]:
             values, client = split(args)
@@ -270,11 +282,43 @@ def build_demo(
         # raw values (preprocess=False): payload.check_call checks them, so a malformed call never reaches gradio's
         # preprocessing, which fails on it with a traceback
         serial = {"concurrency_limit": 1, "concurrency_id": CONCURRENCY_ID, "preprocess": False}
-        generate_button.click(on_generate, inputs, [image, info, explanation], api_name="generate", **serial)
+        generate_button.click(
+            on_generate, inputs, [image, size_note, download, info, explanation], api_name="generate", **serial
+        )
         compare_button.click(on_compare, [*inputs, picked], [gallery, compare_info], api_name="compare", **serial)
     view = QueueView(demo)
     watching = queue_demo(demo, queue_limits, endpoints, view)
     return demo
+
+
+def _no_download(gr: Any) -> Dict[str, Any]:
+    """The argument that hides gr.Image's own download button (it would save the scaled-up display), where this gradio
+    has one: ``buttons`` (gradio 6) or ``show_download_button`` (4 and 5)."""
+    if _accepts(gr.Image, "buttons"):
+        return {"buttons": ["fullscreen"]}
+    if _accepts(gr.Image, "show_download_button"):
+        return {"show_download_button": False}
+    return {}
+
+
+class ResultFiles:
+    """The true-size PNG of the latest result, for the page's download (named after its size and seed): a folder of
+    its own per result under one temporary folder per demo, the previous one removed when the next is written
+    (gradio copies what it serves into its own cache first)."""
+
+    def __init__(self) -> None:
+        self.folder: Optional[Path] = None
+        self.latest: Optional[Path] = None
+
+    def save(self, image: Any, request: GenerationRequest) -> str:
+        if self.folder is None:
+            self.folder = Path(tempfile.mkdtemp(prefix="npu-port-demo-"))
+        if self.latest is not None:
+            shutil.rmtree(self.latest, ignore_errors=True)
+        self.latest = Path(tempfile.mkdtemp(dir=self.folder))
+        path = self.latest / f"npu-port-{image.width}x{image.height}-seed{request.seed}.png"
+        image.save(path, format="PNG")
+        return str(path)
 
 
 def _takes_request(handler: Any, names: List[str], gr: Any) -> None:

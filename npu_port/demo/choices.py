@@ -29,15 +29,23 @@ class StrategyChoices:
         return [name for name in DEFAULT_COMPARE if name in self.names]
 
 
+#: Why the demo does not offer a profile with ``safe_math`` settings: only ``npu-port run`` applies them.
+SAFE_MATH_REASON = "its safe-math settings act only under npu-port run; here it would be plain {base}"
+
+
 def _first_reason(entry: Dict[str, Any]) -> str:
+    """The reason ``npu-port strategies`` gives first: a profile's device ("needs an Ascend NPU: ...") as it is, a
+    kernel's reason after the kernel's name."""
     for kernel, reasons in entry.get("reasons", {}).items():
         if reasons:
-            return f"{kernel}: {reasons[0]}"
+            return str(reasons[0]) if kernel == "device" else f"{kernel}: {reasons[0]}"
     return "no kernel of it can run here"
 
 
 def strategy_choices(entries: Optional[Sequence[Dict[str, Any]]] = None) -> StrategyChoices:
-    """Split the registry into what can run here and what cannot, using ``npu-port strategies``' own rows.
+    """Split the registry into what can run here and what cannot, using ``npu-port strategies``' own rows (kernels
+    that cannot run, a profile's device that is not here). One more reason is the demo's own: a profile whose
+    ``safe_math`` only ``npu-port run`` applies would run here as its parent strategy under another name.
 
     ``entries``: rows as :func:`npu_port.strategy.registry.strategy_entry` makes them (default: every registered
     strategy and profile, checked on this machine).
@@ -46,9 +54,14 @@ def strategy_choices(entries: Optional[Sequence[Dict[str, Any]]] = None) -> Stra
         from ..strategy.registry import list_strategies, strategy_entry
 
         entries = [strategy_entry(name) for name in list_strategies()]
-    available = [entry["name"] for entry in entries if entry["available"]]
+    unavailable: Dict[str, str] = {}
+    for entry in entries:
+        if not entry["available"]:
+            unavailable[entry["name"]] = _first_reason(entry)
+        elif entry.get("safe_math"):
+            unavailable[entry["name"]] = SAFE_MATH_REASON.format(base=entry.get("extends") or "sdpa")
+    available = [entry["name"] for entry in entries if entry["name"] not in unavailable]
     names = [name for name in available if name == "auto"] + [name for name in available if name != "auto"]
-    unavailable = {entry["name"]: _first_reason(entry) for entry in entries if not entry["available"]}
     return StrategyChoices(names, unavailable)
 
 

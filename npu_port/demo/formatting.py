@@ -57,10 +57,12 @@ def random_weights_note(loaded: Any) -> Optional[str]:
 
 
 def unavailable_markdown(choices: StrategyChoices) -> str:
+    """The note right under the strategy picker: each strategy or profile the pickers leave out, greyed-out style
+    (⊘), with why it cannot run here — gradio's pickers cannot show a single choice disabled."""
     if not choices.unavailable:
         return ""
-    items = "\n".join(f"- `{name}`: {markdown_escape(reason)}" for name, reason in choices.unavailable.items())
-    intro = "These cannot run on this machine, so the pickers leave them out (`npu-port strategies` says more):"
+    items = "\n".join(f"- ⊘ `{name}` — {markdown_escape(reason)}" for name, reason in choices.unavailable.items())
+    intro = "**Not available on this machine** (disabled; `npu-port strategies` says more):"
     return f"{intro}\n\n{items}"
 
 

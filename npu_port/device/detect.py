@@ -92,6 +92,16 @@ def _mps_status() -> BackendStatus:
     )
 
 
+#: What each device type is, as a sentence names it ("needs an Ascend NPU").
+DEVICE_LABELS = {
+    "npu": "an Ascend NPU",
+    "cuda": "a CUDA GPU",
+    "xpu": "an Intel GPU",
+    "mps": "an Apple GPU",
+    "cpu": "a CPU",
+}
+
+
 _PROBES = {"npu": _npu_status, "cuda": _cuda_status, "xpu": _xpu_status, "mps": _mps_status}
 
 
@@ -103,6 +113,17 @@ def backend_status(device_type: str) -> BackendStatus:
     if probe_backend is None:
         raise DeviceError(f"unknown device type {device_type!r}; valid types: {', '.join(DEVICE_TYPES)}")
     return probe_backend()
+
+
+def device_requirement(device_type: Optional[str]) -> Optional[Reason]:
+    """Why something that needs ``device_type`` cannot run here ("needs an Ascend NPU: torch_npu is not installed;
+    ..."), with the backend's own reason code; None when it can (or needs no particular device)."""
+    if device_type is None:
+        return None
+    status = backend_status(device_type)
+    if status.available:
+        return None
+    return Reason(status.reason.code, f"needs {DEVICE_LABELS[device_type]}: {status.reason}")
 
 
 def backends() -> Tuple[BackendStatus, ...]:

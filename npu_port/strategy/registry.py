@@ -335,6 +335,7 @@ def _from_import_path(path: str) -> Strategy:
 
 def strategy_entry(name: str) -> Dict[str, Any]:
     """One row of the listing: the definition plus availability on this machine."""
+    from ..device.detect import device_requirement
     from .router import StrategyRouter
 
     strategy = get_strategy(name)
@@ -346,6 +347,8 @@ def strategy_entry(name: str) -> Dict[str, Any]:
         "candidates": list(strategy.candidates),
         "extends": strategy.extends,
         "source": strategy.source,
+        "device": strategy.device,
+        "safe_math": dict(strategy.safe_math),
     }
     if strategy.is_custom_processor:
         ready = strategy.processor is not None
@@ -355,4 +358,8 @@ def strategy_entry(name: str) -> Dict[str, Any]:
     availability = StrategyRouter(strategy).availability()
     entry["available"] = any(not reasons for reasons in availability.values())
     entry["reasons"] = {name: reasons for name, reasons in availability.items() if reasons}
+    needs = device_requirement(strategy.device)  # a profile for one device (its ``device:`` key) needs that device
+    if needs is not None:
+        entry["available"] = False
+        entry["reasons"] = {"device": [needs], **entry["reasons"]}
     return entry

@@ -9,6 +9,7 @@ The browser tests need ``chromium`` on PATH (``apt-get install chromium``; ``.ci
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import re
 import shutil
@@ -21,9 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from npu_port._optional import extra_hint
-from npu_port.demo import app, formatting
+from npu_port.demo import app, display, formatting
 from npu_port.demo import choices as demo_choices
 from npu_port.demo import form as demo_form
 from npu_port.errors import InferenceError
@@ -82,20 +84,39 @@ def test_strategy_choices_put_auto_first_and_leave_out_what_cannot_run():
         "custom-processor": "no kernel of it can run here",
     }
     assert choices.compare_default() == ["sdpa", "auto"]
-    assert "- `flash`: flash\\_attn: flash\\_attn is not installed" in formatting.unavailable_markdown(choices)
+    assert formatting.unavailable_markdown(choices) == (
+        "**Not available on this machine** (disabled; `npu-port strategies` says more):\n\n"
+        "- ⊘ `flash` — flash\\_attn: flash\\_attn is not installed\n"
+        "- ⊘ `custom-processor` — no kernel of it can run here"
+    )
 
 
 def test_strategy_choices_on_this_machine_are_what_npu_port_strategies_calls_available():
     from npu_port import list_strategies
+    from npu_port.device.detect import device_requirement
     from npu_port.strategy.registry import strategy_entry
 
     choices = demo_choices.strategy_choices()
-    available = [name for name in list_strategies() if strategy_entry(name)["available"]]
+    entries = {name: strategy_entry(name) for name in list_strategies()}
+    available = [name for name, entry in entries.items() if entry["available"] and not entry["safe_math"]]
     assert choices.names[0] == "auto" and sorted(choices.names) == sorted(available)
     assert {"vanilla", "sdpa", "chunked"} <= set(choices.names)
     assert set(choices.unavailable) == set(list_strategies()) - set(available)
     assert "custom-processor" in choices.unavailable  # needs a processor class; the demo cannot give one
     assert choices.compare_default() == ["vanilla", "sdpa", "auto"]
+    # a profile for a device this machine lacks is not offered, with the device layer's reason (on a CPU-only torch
+    # without torch_npu: both); a profile whose safe_math only npu-port run applies, never
+    for name, device in (("hopper-safe", "cuda"), ("ascend-910b", "npu")):
+        needs = device_requirement(device)
+        assert (name in choices.names) if needs is None else choices.unavailable[name] == needs
+    if torch.version.cuda is None:
+        assert (
+            choices.unavailable["hopper-safe"]
+            == f"needs a CUDA GPU: this torch {torch.__version__} has no CUDA support"
+        )
+    assert choices.unavailable["cuda-safe-math"] == (
+        "its safe-math settings act only under npu-port run; here it would be plain sdpa"
+    )
 
 
 def test_check_strategy_names_the_choices():
@@ -361,6 +382,14 @@ def test_the_script_refuses_an_unknown_strategy_before_loading(monkeypatch, caps
     out = capsys.readouterr()
     assert out.err.startswith("gradio_demo_npu: unknown strategy 'nope'; choose one of: auto, ")
     assert "loading" not in out.out
+    choices = demo_choices.strategy_choices()
+    name, reason = next((n, r) for n, r in choices.unavailable.items() if r.startswith("needs "))  # a device not here
+    assert main(["--strategy", name]) == 2  # refused with the reason, at once
+    out = capsys.readouterr()
+    assert out.err == (
+        f"gradio_demo_npu: strategy '{name}' cannot run here ({reason}); choose one of: {', '.join(choices.names)}\n"
+    )
+    assert "loading" not in out.out
 
 
 def _handlers(demo):
@@ -394,15 +423,20 @@ def test_a_request_over_the_time_limit_stops_with_a_message_and_frees_the_slot(t
         worker.start()
         worker.join(timeout=60)
         assert done, "the request was not stopped"
-        image, info, _ = done[0]
-        assert image is None and stopped.match(info), info
+        image, label, download, info, _ = done[0]
+        assert image is None and label == "" and download is None and stopped.match(info), info
         assert time.monotonic() - started < 30  # stopped after one step, not after 50
     gallery, info = handlers["compare"](*_values(steps=50), ["vanilla", "sdpa"])
     assert gallery == [] and info.startswith("✘ **Stopped:** the request ran past its time limit of 0.001 s")
     assert {name: type(p) for name, p in tiny.pipe.unet.attn_processors.items()} == before  # strategy restored
     # a limit the request stays within changes nothing
-    image, info, _ = _handlers(app.build_demo(tiny, choices=CHOICES, request_timeout=600))["generate"](*_values())
-    assert image.size == (64, 64) and "resolved **`sdpa`**" in info
+    image, label, download, info, _ = _handlers(app.build_demo(tiny, choices=CHOICES, request_timeout=600))["generate"](
+        *_values()
+    )
+    assert image.size == (512, 512) and label == "64 × 64 px, shown at 8×" and "resolved **`sdpa`**" in info
+    with Image.open(download) as true_image:  # the download is the image as made, not the display
+        assert true_image.size == (64, 64) and true_image.format == "PNG"
+        assert np.array_equal(np.asarray(image), display.scale_up(np.asarray(true_image.convert("RGB")), 8))
 
 
 def test_a_non_finite_image_is_shown_as_a_failure_not_as_a_picture(tiny):
@@ -410,8 +444,8 @@ def test_a_non_finite_image_is_shown_as_a_failure_not_as_a_picture(tiny):
     with nan_attention.nan_strategy() as name:
         choices = demo_choices.StrategyChoices(["vanilla", name])
         handlers = _handlers(app.build_demo(tiny, choices=choices, strategy=name))
-        image, info, _ = handlers["generate"](*_values(strategy=name))
-        assert image is None
+        image, label, download, info, _ = handlers["generate"](*_values(strategy=name))
+        assert image is None and label == "" and download is None
         assert info == (
             f"✘ **Failed:** the image under strategy `{name}` (resolved `{name}`) is not finite: {64 * 64 * 3} of "
             f"{64 * 64 * 3} values are NaN or inf"
@@ -544,16 +578,24 @@ def _set_number(page, selector: str, value) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_browser_generate_with_a_chosen_strategy_shows_the_image_and_the_timings(page, artifacts):
+def test_browser_generate_with_a_chosen_strategy_shows_the_image_and_the_timings(page, artifacts, tmp_path):
+    """What cannot run here is listed under the picker with why, the picker offers the rest, and the result is shown
+    scaled up with its true size (the screenshot, in tmp_path, is the issue's "done when" picture)."""
     from playwright.sync_api import expect
 
     expect(page.locator("#header")).to_contain_text("cpu: ")
     expect(page.locator("#header")).to_contain_text("float32")
     expect(page.locator("#random-weights")).to_contain_text("Random weights")
+    choices = demo_choices.strategy_choices()  # this machine, as the server sees it
+    assert "cuda-safe-math" in choices.unavailable  # never offered (its safe_math acts under npu-port run only)
+    note = page.locator("#unavailable")
+    expect(note).to_be_visible()
+    expect(note).to_contain_text("Not available on this machine (disabled;")
+    for name, reason in choices.unavailable.items():
+        expect(note.get_by_text(f"⊘ {name} — {reason}", exact=True)).to_be_visible()
     page.get_by_label("Attention strategy").click()
-    options = page.get_by_role("option").all_inner_texts()
-    assert options[0].strip().endswith("auto") and "sdpa" in [o.strip() for o in options]
-    assert "flash" not in [o.strip() for o in options]  # cannot run here: left out (listed under the dropdown)
+    options = [o.replace("✓", "").strip() for o in page.get_by_role("option").all_inner_texts()]  # ✓: the chosen one
+    assert options == choices.names  # only what can run: nothing to pick that could only fail
     page.get_by_role("option", name="sdpa", exact=True).click()
     expect(page.get_by_label("Attention strategy")).to_have_value("sdpa")
     _set_number(page, "#steps", 3)
@@ -563,11 +605,24 @@ def test_browser_generate_with_a_chosen_strategy_shows_the_image_and_the_timings
     expect(info).to_contain_text("resolved sdpa", timeout=60_000)
     for label in ("first step:", "median step:", "3 steps in all", "total:", "peak memory:", "MiB", "image: 64×64"):
         expect(info).to_contain_text(label)
+    expect(page.locator("#image-size")).to_have_text("64 × 64 px, shown at 8×")
     image = page.locator("#image img")
     expect(image).to_be_visible()
     page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=image.element_handle())
-    assert image.evaluate("img => [img.naturalWidth, img.naturalHeight]") == [64, 64]
-    page.screenshot(path=str(artifacts / "demo-generate.png"), full_page=True)
+    shot = tmp_path / "demo-generate.png"
+    page.screenshot(path=str(shot), full_page=True)
+    shown = image.evaluate(
+        "img => {const box = img.getBoundingClientRect(); return [img.naturalWidth, img.naturalHeight, box.width, "
+        "box.height, getComputedStyle(img).visibility]}"
+    )
+    assert shown == [512, 512, 512, 512, "visible"], f"the image is not shown 8× at 512 px: {shown}; see {shot}"
+    # the download is the true image, not the display
+    href = page.locator("#download a").first.get_attribute("href")
+    download = page.request.get(href if href.startswith("http") else page.url.rstrip("/") + "/" + href.lstrip("/"))
+    assert download.ok, f"{href}: {download.status}"
+    with Image.open(io.BytesIO(download.body())) as true_image:
+        assert true_image.size == (64, 64) and true_image.format == "PNG", f"{true_image}; see {shot}"
+    shutil.copy(shot, artifacts / "demo-generate.png")
 
 
 @pytest.mark.e2e

@@ -20,7 +20,12 @@ from npu_port.demo.choices import StrategyChoices
 from npu_port.demo.payload import MalformedCall
 from npu_port.upstream.gradio import QueueView
 
-CHOICES = StrategyChoices(["auto", "sdpa", "vanilla"])
+#: What the pages offer (and one they list as unavailable: a call naming it is refused with the reason).
+CHOICES = StrategyChoices(
+    ["auto", "sdpa", "vanilla"], {"ascend-910b": "needs an Ascend NPU: torch_npu is not installed"}
+)
+#: Where generate's timings are among its outputs (image shown, its size label, the download, timings, explanation).
+INFO = 3
 NAMES = ("prompt", "negative_prompt", "steps", "seed", "height", "width", "guidance_scale", "strategy")
 
 
@@ -160,7 +165,7 @@ def test_the_queue_holds_at_most_max_queue_waiting_and_per_client_per_client(lau
         assert full.status_code == 503 and full.json()["detail"].startswith("Queue is full. Max size is 2")
         release.set()
         wait_for(lambda: len(a.completed()) == 2 and len(b.completed()) == 1, "the three requests to finish")
-        assert all(m["success"] and m["output"]["data"][1].startswith("**Strategy:**") for m in a.completed())
+        assert all(m["success"] and m["output"]["data"][INFO].startswith("**Strategy:**") for m in a.completed())
         assert view.jobs("a") == 0
         again = Client(url, demo, "a")  # what finished no longer counts against a
         assert again.join(values()).status_code == 200
@@ -202,7 +207,7 @@ def test_a_request_whose_client_leaves_stops_at_the_next_step_and_the_next_one_r
     assert noticed == [True]
     assert steps.count == 2 + 3  # a stopped right after the step its client left in; b ran its 3
     (done,) = b.completed()
-    assert done["success"] and done["output"]["data"][1].startswith("**Strategy:** `sdpa`")
+    assert done["success"] and done["output"]["data"][INFO].startswith("**Strategy:** `sdpa`")
     assert a.completed() == []  # a's stream was closed: nothing more was sent to it
     err = capfd.readouterr().err
     assert (
@@ -232,7 +237,7 @@ def test_malformed_api_calls_are_refused_in_one_line_without_a_traceback(launch,
             assert str(caught.value) == message
         else:
             result = client.predict(*arguments, api_name=endpoint)
-            assert result[1] == formatting.error_markdown(MalformedCall(message))
+            assert result[INFO if endpoint == "/generate" else 1] == formatting.error_markdown(MalformedCall(message))
 
     cases = [
         (values(steps="many"), "steps must be a number from 1 to 50, got str 'many'"),
@@ -242,6 +247,11 @@ def test_malformed_api_calls_are_refused_in_one_line_without_a_traceback(launch,
         (values(height=True), "height must be a number (or empty), got bool True"),
         (values(guidance_scale=-1), "guidance_scale must be a number from 0 to 30, got int -1"),
         (values(strategy="nope"), "strategy: unknown strategy 'nope'; choose one of: auto, sdpa, vanilla"),
+        (  # offered by no picker because it cannot run here: refused with the reason, before it waits or runs
+            values(strategy="ascend-910b"),
+            "strategy: strategy 'ascend-910b' cannot run here (needs an Ascend NPU: torch_npu is not installed); "
+            "choose one of: auto, sdpa, vanilla",
+        ),
         (values(strategy=3), "strategy must be a strategy name, one of: auto, sdpa, vanilla; got int 3"),
     ]
     for arguments, message in cases:
@@ -252,11 +262,21 @@ def test_malformed_api_calls_are_refused_in_one_line_without_a_traceback(launch,
         endpoint="/compare",
     )
     # the page's own refusal (a value a person can type) is unchanged: the message line, no error
-    image, info, _ = client.predict(*values(height=4096), api_name="/generate")
-    assert image is None and info.startswith("✘ **Not run:** height must be a multiple of 2 between 2 and 128")
+    image, label, download, info, _ = client.predict(*values(height=4096), api_name="/generate")
+    assert (
+        image is None
+        and label == ""
+        and download is None
+        and info.startswith("✘ **Not run:** height must be a multiple of 2 between 2 and 128")
+    )
     # a call of the right shape still works
-    image, info, _ = client.predict(*values(), api_name="/generate")
-    assert image and info.startswith("**Strategy:** `sdpa` → resolved **`sdpa`**")
+    image, label, download, info, _ = client.predict(*values(), api_name="/generate")
+    assert (
+        image
+        and download
+        and label == "64 × 64 px, shown at 8×"
+        and info.startswith("**Strategy:** `sdpa` → resolved **`sdpa`**")
+    )
 
     # what gradio_client cannot send: the wrong number of values, an event that does not exist, a route around the
     # queue — refused at the door, before the request waits
