@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorials" / "port-a-cuda-project.md"
 
 #: A CUDA-written script: a flash_attn import (no flash-attn here: the drop-in is served), `.cuda()` in a loop,
 #: `torch.cuda.synchronize()`, a "cuda" literal and a device-type check.
@@ -101,7 +101,7 @@ def test_the_summary_at_exit_lists_the_same_codes_sorted(tmp_path, script):
     ]
     assert start + 1 + len(EXPECTED) == len(lines)  # the listing ends the summary
     listing = "\n".join(lines[start:])
-    assert listing in README.read_text(encoding="utf-8")  # the README shows this very run's listing
+    assert listing in TUTORIAL.read_text(encoding="utf-8")  # the tutorial shows this very run's listing
 
 
 @pytest.mark.e2e

@@ -41,3 +41,18 @@ def test_ci_runs_the_readme_commands_exactly():
         assert found == expected
     assert 'test_command="$(quick_start tests)"' in ci and 'main_command="$(quick_start main)"' in ci
     assert 'bash -c "$test_command"' in ci and 'bash -c "$main_command"' in ci
+
+
+def test_the_readme_is_a_landing_page_that_links_each_task_into_the_docs():
+    """README.md stays short (at most 150 lines): what npu-port is, the quick start, a task table whose every row
+    links into the documentation site by a relative path that exists, and the compatibility table."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    section = text.split("## What do you want to do?", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "`npu-port " in line]
+    assert len(rows) == 5
+    for row in rows:
+        (link,) = re.findall(r"\]\((docs/[^)#]+\.md)\)", row)
+        assert link.startswith(("docs/tutorials/", "docs/how-to/")), row
+    missing = sorted(link for link in set(re.findall(r"\]\(([^)#:]+\.md)", text)) if not (ROOT / link).is_file())
+    assert missing == []  # links work on GitHub: relative paths to pages that exist
