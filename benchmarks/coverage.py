@@ -116,8 +116,9 @@ def main(argv: List[str] | None = None) -> int:
     table = markdown(report)
     args.markdown.write_text(
         "# Coverage: attention calls that run fused on an Ascend 910B, per model family\n\n"
-        "What the table is and how it is made: `benchmarks/coverage.py`'s docstring; README_NPU.md, \"Coverage by "
-        'model family". Raw results: [`results/coverage_npu_910b.json`](results/coverage_npu_910b.json).\n\n' + table
+        "What the table is and how it is made: `benchmarks/coverage.py`'s docstring; "
+        'docs/how-to/plan-before-the-hardware.md, "Coverage by model family". '
+        "Raw results: [`results/coverage_npu_910b.json`](results/coverage_npu_910b.json).\n\n" + table
     )
     sys.stdout.write(table)
     return 0

@@ -1,7 +1,7 @@
 """Turning a failed ``import torch_npu`` into its cause and its fix.
 
 The raw errors are famously unhelpful ("libhccl.so: cannot open shared object file", "undefined symbol:
-_ZN3c10..."), yet each of the common ones has exactly one usual cause (README_NPU.md, Troubleshooting). The
+_ZN3c10..."), yet each of the common ones has exactly one usual cause (docs/how-to/fix-a-cann-error.md). The
 classification works on the captured error text, so it is the same for a child process's output and for tests.
 """
 

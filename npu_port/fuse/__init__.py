@@ -3,8 +3,8 @@
 Diffusion transformers spend a visible share of their time outside attention, in small element-wise layers that the
 Ascend ops fuse: RMSNorm (``torch_npu.npu_rms_norm``), rotary embeddings (``torch_npu.npu_rotary_mul``), GEGLU
 (``torch_npu.npu_geglu``) and adaLN's ``LN(x) * (1 + scale) + shift`` (MindIE-SD's ``layernorm_scale_shift``).
-People report 2-26% end to end from such fusions (README_NPU.md, "Fused DiT ops"). npu-port installs them only when
-asked, per op, on one model, and every change goes through the project's one patching mechanism
+People report 2-26% end to end from such fusions (docs/explanation/ascend.md, "Fused DiT ops"). npu-port installs
+them only when asked, per op, on one model, and every change goes through the project's one patching mechanism
 (:mod:`npu_port._patching`), so ``handle.restore()`` puts back the very objects that were there.
 
 Nothing here trusts a fused op blindly: each replaced module or function is compared with what it replaces on its

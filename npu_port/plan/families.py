@@ -531,7 +531,7 @@ def run(family: str, model: nn.Module, seed: int = 0) -> torch.Tensor:
 
 # ---- the coverage table ------------------------------------------------------------------------------------------
 
-#: The masking value diffusers' text masks hold: ``(1 - mask) * -10000.0`` (README_NPU, "Masks on the fused path").
+#: The masking value diffusers' text masks hold: ``(1 - mask) * -10000.0`` (docs/explanation/masks-and-polarity.md).
 DIFFUSERS_MASKED_VALUE = -10000.0
 #: What the coverage table judges each family's calls for: label -> (chip, options of the ``npu`` strategy). The
 #: second is what a diffusers user declares for pipelines that pass text masks; the third a chip with no fused op.

@@ -54,7 +54,7 @@ def test_fuse_ops_is_inherited_through_extends_and_an_empty_list_turns_it_off(tm
         parse("name: no-fuse\nextends: fused-sdpa\ndescription: x\nfuse_ops: []\n", "off.yaml"), lambda name: strategy
     )
     assert off.fuse_ops == ()
-    assert get_strategy("ascend-910b").fuse_ops == ()  # not measured on an NPU: not in the profile (README_NPU)
+    assert get_strategy("ascend-910b").fuse_ops == ()  # not measured on an NPU (docs/explanation/ascend.md)
 
 
 def _tiny_flux():
