@@ -61,7 +61,7 @@ FIELDS: Dict[str, Key] = {
     "select": Key(
         "string", "fixed", "fixed (one kernel), first (first candidate that can run a call) or measure (auto)"
     ),
-    "processor": Key("string", "none", "custom-processor: 'package.module:Class', imported when applied"),
+    "processor": Key("string or null", "none", "custom-processor: 'package.module:Class', imported when applied"),
     "env": Key("mapping of strings", "none", "environment variables to set (strings), e.g. DIFFUSERS_ATTN_BACKEND"),
     "options": Key("mapping", "the defaults below", "strategy options: " + ", ".join(OPTIONS)),
     "kernel_options": Key("mapping of mappings", "none", "per-kernel options, e.g. {chunked: {query_block: 512}}"),
