@@ -215,3 +215,28 @@ def _reason(argument: str) -> Optional[str]:
     if len(argument) >= 2 and argument[0] == argument[-1] and argument[0] in "\"'":
         return argument[1:-1]
     return None
+
+
+def main(argv: List[str]) -> int:
+    """``python -m tests.docs.examples PAGE WORKSPACE``: run one page in this process and say how it went.
+
+    The page tests run each page in a process of its own, so what an example changes process-wide (a strategy
+    applied, ``redirect_cuda``, ``activate``) cannot leak into the tests that run after it in the same worker."""
+    import json
+    import traceback
+
+    page, workspace = Path(argv[0]), Path(argv[1])
+    try:
+        result = run_page(page, workspace)
+    except BlockFailed as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    except BaseException:  # noqa: BLE001 - a python example's own failure, shown with its traceback
+        print(f"{page_id(page)}: a python example failed:\n{traceback.format_exc()[-6000:]}", file=sys.stderr)
+        return 1
+    print(json.dumps({"ran": result.ran, "skipped": result.skipped}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

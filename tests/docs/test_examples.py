@@ -5,6 +5,9 @@ skips exactly the next block with its reason, and a block in a language the harn
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -19,8 +22,17 @@ SKIPS = [(page, line, reason) for page in PAGES for line, reason in examples.ski
 @pytest.mark.e2e
 @pytest.mark.parametrize("page", PAGES, ids=examples.page_id)
 def test_the_examples_of_each_page_run(page, tmp_path):
-    result = examples.run_page(page, tmp_path)
-    assert result.ran + len(result.skipped) == len(list(examples.parse(page)))
+    """Each page in a process of its own (examples.main), so what its examples change cannot leak."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.docs.examples", str(page), str(tmp_path)],
+        cwd=examples.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stderr[-8000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["ran"] + len(result["skipped"]) == len(list(examples.parse(page)))
 
 
 if SKIPS:  # one skipped test per skipped block, its reason in the report (none while no page skips a block)
