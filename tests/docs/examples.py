@@ -160,9 +160,13 @@ class PageRun:
     skipped: List[Tuple[int, str]] = field(default_factory=list)
 
 
-def run_page(path: Path, workspace_root: Path) -> PageRun:
-    """Run one page's examples in order in a fresh workspace (the cwd, while they run)."""
+def run_page(path: Path, workspace_root: Path, own_process: bool = False) -> PageRun:
+    """Run one page's examples in order in a fresh workspace (the cwd, while they run). In a process of its own
+    (``own_process``) the python examples get the workspace's environment too: its home and caches."""
     workspace = Workspace.make(workspace_root)
+    if own_process:
+        os.environ.clear()
+        os.environ.update(workspace.env)
     document = parse(path)
     document.namespace["__workspace__"] = workspace
     result = PageRun()
@@ -227,7 +231,7 @@ def main(argv: List[str]) -> int:
 
     page, workspace = Path(argv[0]), Path(argv[1])
     try:
-        result = run_page(page, workspace)
+        result = run_page(page, workspace, own_process=True)
     except BlockFailed as exc:
         print(str(exc), file=sys.stderr)
         return 1

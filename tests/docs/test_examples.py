@@ -168,3 +168,29 @@ def test_a_failing_python_block_fails_the_page(tmp_path):
     work.mkdir()
     with pytest.raises(AssertionError, match="x is not 2"):
         examples.run_page(page, work)
+
+
+@pytest.mark.e2e
+def test_a_page_in_its_own_process_has_the_workspaces_home_and_caches(tmp_path):
+    page = _page(
+        tmp_path,
+        """
+        ```python
+        import os
+        from pathlib import Path
+        assert os.environ["HOME"] == str(Path(".home").resolve()), os.environ["HOME"]
+        assert os.environ["NPU_PORT_CACHE_DIR"].startswith(os.environ["HOME"])
+        ```
+        """,
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.docs.examples", str(page), str(work)],
+        cwd=examples.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert json.loads(done.stdout) == {"ran": 1, "skipped": []}
