@@ -690,7 +690,7 @@ def render_list() -> str:
 
 
 def markdown_table() -> str:
-    """The table README_NPU.md shows between its explain-codes markers (a test keeps them equal)."""
+    """The table of codes the site's error-codes reference shows (docs/hooks/generated.py renders it)."""
     lines = ["| code | name | what it means |", "|---|---|---|"]
     lines += [f"| `{entry.code}` | `{entry.name}` | {entry.summary} |" for entry in ERROR_CODES]
     return "\n".join(lines) + "\n"

@@ -165,7 +165,7 @@ def rows_as_json() -> List[Dict[str, Any]]:
 
 
 def markdown_table() -> str:
-    """The table README_NPU.md shows between its torch-npu-pairing markers (a test keeps them equal)."""
+    """The pairing table the site's error-codes reference shows (docs/hooks/generated.py renders it)."""
     lines = [
         "| torch | torch-npu | CANN |",
         "|---|---|---|",

@@ -180,7 +180,8 @@ def render(result: ScanResult, form: str) -> str:
 
 
 def rules_table(markdown: bool = False) -> str:
-    """Every rule: code, name, severity, fix, targets, message (the README's table is this, ``markdown=True``)."""
+    """Every rule: code, name, severity, fix, targets, message (the site's scan-rules reference is this, with
+    ``markdown=True``)."""
     rows = [(r.code, r.name, r.severity, r.fix, ",".join(r.targets), r.message, r.handled_by or "") for r in rules()]
     if markdown:
         out = ["| code | name | severity | fix | targets | finds | handled by |", "|---|---|---|---|---|---|---|"]

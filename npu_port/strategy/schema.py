@@ -9,7 +9,7 @@ valid keys: ...``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import yaml
 
@@ -33,27 +33,77 @@ from .spec import (
 #: (false turns it off) — for code that hits cuBLAS errors or precision problems on a new GPU.
 SAFE_MATH_KEYS = ("fp32", "tf32")
 
-#: Top-level keys of a strategy or profile file, with the doc line ``npu-port strategies --schema`` prints.
-KEYS: Dict[str, str] = {
-    "name": "the strategy's name (defaults to the file name without .yaml)",
-    "kind": "strategy (default) or profile",
-    "description": "one line shown by npu-port strategies (required)",
-    "extends": "a strategy this one starts from; its keys are merged, mappings key by key",
-    "kernel": "the one kernel this strategy runs (see npu-port kernels)",
-    "candidates": "ordered kernel names to choose from (with select); omitted with select first or measure: every "
-    "registered kernel, most preferred first",
-    "select": "fixed (one kernel), first (first candidate that can run a call) or measure (auto)",
-    "processor": "custom-processor: 'package.module:Class', imported when applied",
-    "env": "environment variables to set (strings), e.g. DIFFUSERS_ATTN_BACKEND",
-    "options": "strategy options: " + ", ".join(OPTIONS),
-    "kernel_options": "per-kernel options, e.g. {chunked: {query_block: 512}}",
-    "device": "profiles: the device to use: " + ", ".join(DEVICES),
-    "acl_options": "profiles: torch_npu.npu.set_option keys (ACL_...), applied by the device layer",
-    "npu": "profiles: NPU runtime settings: " + ", ".join(NPU_SETTINGS),
-    "safe_math": "profiles: force a safe math path under npu-port run: " + ", ".join(SAFE_MATH_KEYS),
-    "fuse_ops": "fused DiT ops installed on the model the strategy is applied to (npu_port.fuse_ops): "
-    + ", ".join(FUSE_OPS),
+
+class Key(NamedTuple):
+    """One top-level key of a strategy file: its YAML type, what applies when it is absent, and what it does."""
+
+    type: str
+    default: str
+    meaning: str
+
+
+#: Every top-level key of a strategy or profile file: the one source the checks below, ``npu-port strategies
+#: --schema`` and the documentation's strategy-files reference (:func:`markdown_table`) read.
+FIELDS: Dict[str, Key] = {
+    "name": Key(
+        "string", "the file name without .yaml", "the strategy's name (defaults to the file name without .yaml)"
+    ),
+    "kind": Key("string", "strategy", "strategy (default) or profile"),
+    "description": Key("string", "required (unless extends)", "one line shown by npu-port strategies (required)"),
+    "extends": Key("string", "none", "a strategy this one starts from; its keys are merged, mappings key by key"),
+    "kernel": Key("string", "none", "the one kernel this strategy runs (see npu-port kernels)"),
+    "candidates": Key(
+        "list of strings",
+        "every registered kernel",
+        "ordered kernel names to choose from (with select); omitted with select first or measure: every "
+        "registered kernel, most preferred first",
+    ),
+    "select": Key(
+        "string", "fixed", "fixed (one kernel), first (first candidate that can run a call) or measure (auto)"
+    ),
+    "processor": Key("string or null", "none", "custom-processor: 'package.module:Class', imported when applied"),
+    "env": Key("mapping of strings", "none", "environment variables to set (strings), e.g. DIFFUSERS_ATTN_BACKEND"),
+    "options": Key("mapping", "the defaults below", "strategy options: " + ", ".join(OPTIONS)),
+    "kernel_options": Key("mapping of mappings", "none", "per-kernel options, e.g. {chunked: {query_block: 512}}"),
+    "device": Key("string", "auto", "profiles: the device to use: " + ", ".join(DEVICES)),
+    "acl_options": Key(
+        "mapping", "none", "profiles: torch_npu.npu.set_option keys (ACL_...), applied by the device layer"
+    ),
+    "npu": Key("mapping of booleans", "none", "profiles: NPU runtime settings: " + ", ".join(NPU_SETTINGS)),
+    "safe_math": Key(
+        "mapping of booleans",
+        "none",
+        "profiles: force a safe math path under npu-port run: " + ", ".join(SAFE_MATH_KEYS),
+    ),
+    "fuse_ops": Key(
+        "list of strings",
+        "none",
+        "fused DiT ops installed on the model the strategy is applied to (npu_port.fuse_ops): " + ", ".join(FUSE_OPS),
+    ),
 }
+
+#: Top-level keys of a strategy or profile file, with the doc line ``npu-port strategies --schema`` prints.
+KEYS: Dict[str, str] = {name: key.meaning for name, key in FIELDS.items()}
+
+#: Keys whose value must be a YAML string.
+_STRING_KEYS = tuple(name for name, key in FIELDS.items() if key.type == "string")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown_table() -> str:
+    """The strategy-file keys and the ``options:`` settings as Markdown tables (the documentation's reference)."""
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    lines += [
+        f"| `{name}` | {key.type} | {_cell(key.default)} | {_cell(key.meaning)} |" for name, key in FIELDS.items()
+    ]
+    lines += ["", "Settings under `options:`:", "", "| option | default | meaning |", "|---|---|---|"]
+    for name, setting in OPTIONS.items():
+        default = "none" if setting.default is None else f"`{yaml.safe_dump(setting.default).split(chr(10))[0]}`"
+        lines.append(f"| `{name}` | {default} | {_cell(setting.doc)} |")
+    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -125,7 +175,7 @@ def _check(raw: RawStrategy) -> None:
     for key in data:
         if key not in KEYS:
             _fail(raw, (str(key),), f"unknown key {key!r}; valid keys: {', '.join(KEYS)}")
-    for key in ("name", "description", "extends", "kernel", "kind", "select", "device"):
+    for key in _STRING_KEYS:
         if key in data and not isinstance(data[key], str):
             _fail(raw, (key,), f"{key} must be a string, got {type(data[key]).__name__} {data[key]!r}")
     try:

@@ -236,13 +236,12 @@ def test_json_variants(capsys):
     assert exit_code == 0 and [c["code"] for c in json.loads(out)["codes"]] == [e.code for e in ERROR_CODES]
 
 
-def test_readme_npu_table_is_the_generated_one():
-    readme = (ROOT / "README_NPU.md").read_text(encoding="utf-8")
-    start, end = "<!-- explain-codes:start -->\n", "<!-- explain-codes:end -->"
-    assert start in readme and end in readme
-    table = readme.split(start, 1)[1].split(end, 1)[0]
-    assert table == error_codes.markdown_table(), "regenerate: python -c 'from npu_port.doctor import error_codes; ...'"
-    assert "<!-- i17:explain" not in readme
+def test_the_sites_code_table_is_the_generated_one():
+    """The site's error-codes reference is :func:`error_codes.markdown_table`, generated when the site is built."""
+    from ..docs import site
+
+    assert site.pages_with("error-codes") == ["reference/error-codes.md"]
+    assert site.hook().render("error-codes") == error_codes.markdown_table()
 
 
 @pytest.mark.e2e

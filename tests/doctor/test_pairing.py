@@ -1,8 +1,6 @@
-"""The torch <-> torch-npu <-> CANN pairing table, the findings it drives, and the copy of it in README_NPU.md."""
+"""The torch <-> torch-npu <-> CANN pairing table, the findings it drives, and the copy of it on the site (reference/error-codes.md)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
@@ -13,8 +11,6 @@ from npu_port.doctor.finding import Finding
 from npu_port.doctor.probes import major_minor, release_tuple
 from npu_port.doctor.report import as_json
 from npu_port.doctor.run import DoctorResult
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def facts_with(torch_version, npu_version, cann_version=None) -> Facts:
@@ -184,10 +180,10 @@ def test_the_json_report_carries_the_table():
     assert report["torch_npu_pairings"][1]["torch_npu"] == "2.14.0"
 
 
-def test_readme_npu_shows_the_table_as_generated():
-    readme = (ROOT / "README_NPU.md").read_text(encoding="utf-8")
-    start, end = "<!-- torch-npu-pairing:start -->\n", "<!-- torch-npu-pairing:end -->"
-    assert start in readme and end in readme
-    assert readme.split(start, 1)[1].split(end, 1)[0] == pairing.markdown_table()
+def test_the_site_shows_the_table_as_generated():
+    from ..docs import site
+
+    assert "reference/error-codes.md" in site.pages_with("torch-npu-pairing")
+    assert site.hook().render("torch-npu-pairing") == pairing.markdown_table()
     assert "| `2.15.0` | none yet (checked 2026-11-23) | - |" in pairing.markdown_table()
     assert "| `2.14.0` | `2.14.0` | CANN 9.1.x (inferred) |" in pairing.markdown_table()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -181,13 +180,14 @@ def _table(text: str) -> List[str]:
     return [line for line in text.splitlines() if line.startswith("| ")]
 
 
-def test_the_markdown_table_and_readme_show_the_recorded_json():
+def test_the_markdown_table_and_the_site_show_the_recorded_json():
+    from ..docs import site
+
     table = _table(_benchmark().markdown(json.loads(RESULTS.read_text())))
     assert len(table) == 1 + len(families.FAMILIES)  # the header, then one row per family
     assert _table((ROOT / "benchmarks" / "coverage.md").read_text()) == table
-    readme = (ROOT / "README_NPU.md").read_text()
-    section = re.split(r"\n##+ ", readme.split("### Coverage by model family", 1)[1], maxsplit=1)[0]
-    assert _table(section) == table
+    assert site.pages_with("coverage"), "a docs page shows the table: <!-- generated: coverage -->"
+    assert _table(site.hook().render("coverage")) == table
 
 
 @pytest.mark.e2e

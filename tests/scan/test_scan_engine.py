@@ -227,15 +227,12 @@ def test_scan_needs_no_working_torch(tmp_path):
     assert "NPU301" in done.stdout
 
 
-def test_the_readmes_rule_table_is_the_registrys():
-    """README.md's table between the scan-rules markers is ``npu-port scan --rules --markdown``, generated."""
-    from pathlib import Path
+def test_the_sites_rule_table_is_the_registrys():
+    """The site's scan-rules reference is ``npu-port scan --rules --markdown``, generated when the site is built."""
+    from ..docs import site
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    start, end = "<!-- scan-rules:start -->\n", "<!-- scan-rules:end -->"
-    assert start in readme and end in readme
-    table = readme.split(start, 1)[1].split(end, 1)[0]
-    assert table == report.rules_table(markdown=True), "regenerate: npu-port scan --rules --markdown"
+    assert site.pages_with("scan-rules") == ["reference/scan-rules.md"]
+    assert site.hook().render("scan-rules") == report.rules_table(markdown=True)
 
 
 @pytest.mark.e2e
