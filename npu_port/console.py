@@ -114,7 +114,8 @@ class QuietConsole:
                 stack.close()
         finally:
             line = summary_line(self.hidden)
-            if line and not self.quiet and not self.verbose:
+            interrupted = exc_info[0] is not None and issubclass(exc_info[0], KeyboardInterrupt)
+            if line and not self.quiet and not self.verbose and not interrupted:  # Ctrl-C ends in one line
                 print(line, file=self.stream or sys.stderr, flush=True)
         return False  # an exception goes on with its message
 

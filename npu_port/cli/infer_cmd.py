@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="run the same seed under each strategy; compare the images with the first")  # fmt: skip
     attention.add_argument("--tolerance", type=float, default=None,
                            help="largest pixel difference (0..1) --compare accepts (default by dtype)")  # fmt: skip
-    parallel = parser.add_argument_group("several devices (torch.distributed; README_NPU.md)")
+    parallel = parser.add_argument_group("several devices (torch.distributed; docs/how-to/several-npus.md)")
     parallel.add_argument("--nproc", type=int, default=1,
                           help="processes, one device each (started through torchrun's launcher)")  # fmt: skip
     parallel.add_argument("--ulysses", type=int, default=None,

@@ -34,7 +34,9 @@ def add_parser(commands) -> None:
     )
     parser.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (default: .)")
     parser.add_argument("--rules", action="store_true", help="list every rule and exit")
-    parser.add_argument("--markdown", action="store_true", help="with --rules: the Markdown table (README's)")
+    parser.add_argument(
+        "--markdown", action="store_true", help="with --rules: the Markdown table (the documentation's rule reference)"
+    )
     add_format(parser, choices=("text", "json", "csv", "sarif"))
     add_output(parser, "write the report here (atomically) instead of stdout")
     add_rule_selection(parser, "run")

@@ -61,7 +61,10 @@ def render(entries: List[Dict[str, Any]], searched: List[str]) -> str:
                     lines.append(f"  {'':<{width}}    {kernel}: {reasons[0]}")
         lines.append("")
     lines.append("YAML searched: " + ", ".join(searched))
-    lines.append("Add your own: a .yaml file in a directory listed in NPU_PORT_STRATEGY_PATH (see README).")
+    lines.append(
+        "Add your own: a .yaml file in a directory listed in NPU_PORT_STRATEGY_PATH "
+        "(every key: docs/reference/strategy-files.md)."
+    )
     return "\n".join(lines)
 
 

@@ -89,7 +89,7 @@ def _upgrade_hint(library: str) -> str:
     """Where the policy claims every modern path of ``library``: the release to install, if the project allows."""
     entry = support.BY_PACKAGE.get(library)
     if entry is None or not entry.features:
-        return "see the compatibility table in README.md"
+        return "see the compatibility table in README.md (docs/explanation/versions.md: the supported ranges)"
     newest = max(entry.features.values(), key=release_tuple)
     return f'to route them: pip install "{library}>={newest}", if your project allows it'
 

@@ -76,6 +76,10 @@ def test_an_error_after_loading_keeps_its_line(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == SUMMARY + "npu-port: --output 'x.mp4': 'some/model' makes images, not a video\n"
 
 
+class _Stop(Exception):
+    """Ends a command once the model work ran (not Ctrl-C, which prints no summary: its one line is the whole story)."""
+
+
 def test_plan_hides_the_libraries_and_verbose_shows_them(monkeypatch, capsys):
     import npu_port.plan.models as plan_models
 
@@ -84,13 +88,13 @@ def test_plan_hides_the_libraries_and_verbose_shows_them(monkeypatch, capsys):
     def record(*arguments, **options):
         _noisy(None)()
         seen.append(True)
-        raise KeyboardInterrupt  # stop before the plan is judged: the wiring is what is tested here
+        raise _Stop  # stop before the plan is judged: the wiring is what is tested here
 
     monkeypatch.setattr(plan_models, "record_model", record)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(_Stop):
         main(["plan", "--model", "tiny"])
     assert capsys.readouterr().err == SUMMARY
-    with pytest.warns(FutureWarning, match="old checkpoint format"), pytest.raises(KeyboardInterrupt):
+    with pytest.warns(FutureWarning, match="old checkpoint format"), pytest.raises(_Stop):
         main(["plan", "--model", "tiny", "--verbose"])
     assert "library warnings hidden" not in capsys.readouterr().err
     assert len(seen) == 2

@@ -202,6 +202,19 @@ def test_an_exception_propagates_with_its_message_and_everything_is_restored():
     assert out.getvalue() == "npu-port: 1 library warning hidden (fakelib); --verbose shows it\n"
 
 
+def test_ctrl_c_adds_no_summary_line():
+    """An interrupted command ends in its one line (``interrupted (Ctrl-C); ...``): no count of hidden warnings."""
+    library = _module("fakelib.interrupted", FAKE_LIBRARY)
+    before = _state()
+    out = io.StringIO()
+    with pytest.raises(KeyboardInterrupt):
+        with QuietConsole(stream=out):
+            library.load()
+            raise KeyboardInterrupt
+    assert _state() == before
+    assert out.getvalue() == ""
+
+
 def test_verbose_lets_everything_through(transformers_records):
     library = _module("fakelib.verbose", FAKE_LIBRARY)
     before = _state()

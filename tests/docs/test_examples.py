@@ -19,17 +19,22 @@ PAGES = examples.pages()
 SKIPS = [(page, line, reason) for page in PAGES for line, reason in examples.skip_reasons(page)]
 
 
+def _run_page(page, workspace, timeout):
+    """The harness on one page, in a process of its own (examples.main): what its examples change cannot leak."""
+    return subprocess.run(
+        [sys.executable, "-m", "tests.docs.examples", str(page), str(workspace)],
+        cwd=examples.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("page", PAGES, ids=examples.page_id)
 def test_the_examples_of_each_page_run(page, tmp_path):
     """Each page in a process of its own (examples.main), so what its examples change cannot leak."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.docs.examples", str(page), str(tmp_path)],
-        cwd=examples.ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    done = _run_page(page, tmp_path, timeout=1800)
     assert done.returncode == 0, done.stderr[-8000:]
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["ran"] + len(result["skipped"]) == len(list(examples.parse(page)))
@@ -185,12 +190,6 @@ def test_a_page_in_its_own_process_has_the_workspaces_home_and_caches(tmp_path):
     )
     work = tmp_path / "work"
     work.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.docs.examples", str(page), str(work)],
-        cwd=examples.ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _run_page(page, work, timeout=300)
     assert (done.returncode, done.stderr) == (0, "")
     assert json.loads(done.stdout) == {"ran": 1, "skipped": []}
