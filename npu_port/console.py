@@ -13,8 +13,8 @@ for the length of a command and restores everything it changed afterwards:
 
 After the command, one line says how many warnings were hidden and that ``--verbose`` shows them; with ``verbose``
 nothing is captured at all. An exception is never swallowed: it leaves the block with its message.
-The libraries are imported lazily (only those installed), and through the upstream adapters, so an old diffusers
-or transformers without a switch is used as far as it goes.
+The libraries are imported lazily (only those installed), and through the upstream adapters (the hub's too), so an
+old diffusers or transformers without a switch is used as far as it goes.
 """
 
 from __future__ import annotations
@@ -261,12 +261,6 @@ def _configure(name: str) -> bool:
 
 def _hub_bars() -> Any:
     """huggingface_hub's (are_progress_bars_disabled, enable_progress_bars, disable_progress_bars), or None."""
-    if not _installed("huggingface_hub"):
-        return None
-    try:
-        utils = importlib.import_module("huggingface_hub.utils")
-    except Exception:  # noqa: BLE001 - a broken hub install: its bars are not ours to fix
-        return None
-    names = ("are_progress_bars_disabled", "enable_progress_bars", "disable_progress_bars")
-    found = tuple(getattr(utils, name, None) for name in names)
-    return found if all(callable(function) for function in found) else None
+    from .upstream.huggingface_hub import progress_bar_switches
+
+    return progress_bar_switches()

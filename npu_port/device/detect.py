@@ -117,8 +117,9 @@ def backend_status(device_type: str) -> BackendStatus:
 
 def device_requirement(device_type: Optional[str]) -> Optional[Reason]:
     """Why something that needs ``device_type`` cannot run here ("needs an Ascend NPU: torch_npu is not installed;
-    ..."), with the backend's own reason code; None when it can (or needs no particular device)."""
-    if device_type is None:
+    ..."), with the backend's own reason code; None when it can (or needs no particular device: none, or ``auto``,
+    the best device here)."""
+    if device_type is None or device_type == "auto":
         return None
     status = backend_status(device_type)
     if status.available:

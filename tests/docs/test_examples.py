@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from npu_port.strategy.schema import KEYS
+
 from . import examples
 
 PAGES = examples.pages()
@@ -163,7 +165,7 @@ def test_a_strategy_block_the_loader_refuses_fails_with_the_loaders_line(tmp_pat
         examples.run_page(page, work)
     assert str(failed.value) == (
         f"{page}:1: the strategy file does not load: {work}/.strategies/example-1.yaml:2: unknown key 'kernal'; "
-        "valid keys: " + ", ".join(__import__("npu_port.strategy.schema").strategy.schema.KEYS)
+        "valid keys: " + ", ".join(KEYS)
     )
 
 

@@ -28,6 +28,15 @@ def test_device_requirement_says_which_device_and_why_it_is_not_here(no_npu_but_
     assert needs == "needs an Ascend NPU: torch_npu is not installed; install it on an Ascend machine with CANN"
     assert needs.code == "package-missing"
     assert device_requirement("cuda") is None and device_requirement("cpu") is None and device_requirement(None) is None
+    assert device_requirement("auto") is None  # a profile with `device: auto` takes the best device here
+
+
+def test_a_profile_with_device_auto_is_listed_by_its_kernels(tmp_path, monkeypatch):
+    (tmp_path / "anywhere.yaml").write_text("kind: profile\ndescription: the best device here\ndevice: auto\n"
+                                            "kernel: math\n")  # fmt: skip
+    monkeypatch.setenv("NPU_PORT_STRATEGY_PATH", str(tmp_path))
+    entry = strategy_entry("anywhere")
+    assert entry["device"] == "auto" and entry["available"] is True and entry["reasons"] == {}
 
 
 def test_a_profile_for_a_missing_device_is_unavailable_with_the_device_reason_first(no_npu_but_a_gpu):
